@@ -1,0 +1,128 @@
+"""Canonical intents and the harness contract.
+
+Every harness (Kimi Code, Claude Code, Codex, ...) names its tools its own way;
+each tool call maps onto one of these intents, which is what the sandbox
+executes. A harness formats the ``IntentResult`` back in its own style. This
+module lives in ``agentenv`` (not ``rollout``) so the single-env API can drive
+any harness without importing ``rollout``; harness implementations live in
+``rollout.harnesses`` and are found through the ``agentenv.harnesses``
+entry-point group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+IntentName = Literal[
+    "exec_shell",
+    "read_file",
+    "write_file",
+    "edit_replace",
+    "apply_patch",
+    "glob",
+    "grep",
+    "plan_update",
+    "submit",
+]
+INTENT_NAMES: tuple[str, ...] = (
+    "exec_shell",
+    "read_file",
+    "write_file",
+    "edit_replace",
+    "apply_patch",
+    "glob",
+    "grep",
+    "plan_update",
+    "submit",
+)
+
+
+@dataclass(frozen=True)
+class Intent:
+    """One canonical action. ``args`` keys are the canonical ones documented per intent:
+
+    * exec_shell: command (str or argv list), cwd, timeout_s
+    * read_file: path, offset (1-based line), limit (lines)
+    * write_file: path, content, append (bool)
+    * edit_replace: path, old, new, replace_all (bool)
+    * apply_patch: patch (Codex patch grammar text), cwd
+    * glob: pattern, path
+    * grep: pattern, path, glob, ignore_case, line_numbers, context_before,
+      context_after, output_mode (content | files_with_matches | count), head_limit
+    * plan_update: items (list of {text, status}), explanation
+    * submit: answer (optional final answer)
+    """
+
+    name: IntentName
+    args: Mapping[str, Any] = field(default_factory=dict)
+    call_id: str = ""
+
+
+@dataclass(frozen=True)
+class IntentResult:
+    """What executing an intent produced. ``error`` is a message for the model, not an exception."""
+
+    intent: Intent
+    ok: bool
+    output: str = ""
+    error: str | None = None
+    exit_code: int | None = None
+    timed_out: bool = False
+    truncated: bool = False
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call as the model wrote it, in the harness's own names."""
+
+    name: str
+    arguments: Mapping[str, Any]
+    call_id: str = ""
+
+
+@dataclass(frozen=True)
+class ParseError:
+    """A malformed piece of model output; becomes a tool-error message in the harness's style."""
+
+    message: str
+    raw: str = ""
+    call_id: str = ""
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """The model's turn split into its text and its calls (and any malformed ones)."""
+
+    text: str
+    calls: Sequence[ToolCall] = ()
+    errors: Sequence[ParseError] = ()
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """Prompt messages (chat format) and tool schemas (OpenAI function format)."""
+
+    messages: Sequence[Mapping[str, Any]]
+    tools: Sequence[Mapping[str, Any]]
+
+
+@runtime_checkable
+class Harness(Protocol):
+    """An agent harness: its system prompt, its tools, its parsing and result style."""
+
+    name: str
+
+    def render(self, instruction: str, effort: str | None = None) -> RenderedPrompt: ...
+
+    def parse(self, output: str | Mapping[str, Any]) -> ParsedTurn: ...
+
+    def to_intent(self, call: ToolCall) -> Intent | ParseError: ...
+
+    def format_result(self, result: IntentResult) -> Mapping[str, Any]:
+        """A chat message (role ``tool`` or the harness's equivalent) carrying the result."""
+        ...
+
+    def format_error(self, error: ParseError) -> Mapping[str, Any]: ...

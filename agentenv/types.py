@@ -1,0 +1,273 @@
+"""The task and verifier contract of ``agentenv``.
+
+A *task* is something an agent can be asked to do in a sandbox and then be
+graded on by physical checks. It is either a folder (``task.yaml`` plus files,
+see ``TaskSpec``) or a plain Python subclass of ``Task`` for tasks that
+generate their data. Both expose the same hooks, so the rest of the system
+never asks which kind it has.
+
+A *variant* is the task with its parameters drawn from a seed; the same seed
+always gives the same variant (``agentenv check`` proves it).
+
+A *verifier* looks at a grading sandbox (forked from the agent's final state,
+with hidden files copied in only then) and returns a ``VerifierResult``. A
+verifier that cannot decide says ``invalid`` with a reason, never "pass".
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandboxes.types import Sandbox, SandboxSpec
+
+
+class Domain(str, enum.Enum):
+    GENERAL = "general"
+    AGENT = "agent"
+    CODING = "coding"
+
+
+class Limits(BaseModel):
+    """Per-episode limits. ``max_tokens`` is the model's output budget for the episode."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_turns: int = Field(default=30, ge=1)
+    wall_time_s: float = Field(default=600.0, gt=0)
+    command_timeout_s: float = Field(default=60.0, gt=0)
+    max_tokens: int = Field(default=8192, ge=1)
+
+
+# ---------------------------------------------------------------- variants
+
+
+class ChoiceParam(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    type: Literal["choice"] = "choice"
+    choices: list[Any] = Field(min_length=1)
+
+
+class IntParam(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    type: Literal["int"] = "int"
+    low: int
+    high: int  # inclusive
+
+
+class FloatParam(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    type: Literal["float"] = "float"
+    low: float
+    high: float
+    digits: int = 2
+
+
+class WordParam(BaseModel):
+    """A random lowercase identifier (file names, keys) of ``length`` letters."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    type: Literal["word"] = "word"
+    length: int = Field(default=6, ge=1, le=32)
+
+
+ParamSpec = Annotated[ChoiceParam | IntParam | FloatParam | WordParam, Field(discriminator="type")]
+
+
+# ---------------------------------------------------------------- verifiers (declared in task.yaml)
+
+
+class _VerifierBase(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    weight: float = Field(default=1.0, ge=0)
+    name: str | None = None
+
+
+class UnitTestsVerifierSpec(_VerifierBase):
+    """Hidden pytest files (under the task's ``tests/``) run in the grading sandbox."""
+
+    type: Literal["unit_tests"] = "unit_tests"
+    fail_to_pass: list[str] = Field(default_factory=list, description="test ids that must pass (pytest node ids or names)")
+    pass_to_pass: list[str] = Field(default_factory=list, description="test ids that must keep passing")
+    command: str | None = Field(default=None, description="override; default runs pytest on the hidden tests")
+    timeout_s: float = Field(default=120.0, gt=0)
+    partial_credit: bool = False
+
+
+class RowAssertion(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    query: str = Field(description="SQL returning rows to check")
+    expect: list[list[Any]] | None = Field(default=None, description="exact rows, in order")
+    expect_count: int | None = None
+
+
+class DbStateVerifierSpec(_VerifierBase):
+    """Database state through SQLAlchemy: row assertions and/or the oracle's state hash."""
+
+    type: Literal["db_state"] = "db_state"
+    url: str = Field(description="SQLAlchemy URL as seen inside the sandbox, e.g. sqlite:////workspace/app.db")
+    assertions: list[RowAssertion] = Field(default_factory=list)
+    compare_oracle_hash: bool = True
+    tables: list[str] | None = Field(default=None, description="tables in the state hash; None = all")
+
+
+class FileCheck(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    path: str
+    exists: bool = True
+    contains: list[str] = Field(default_factory=list)
+    equals: str | None = None
+    json_equals: Any = None
+    csv_equals: list[list[str]] | None = None
+    tolerance: float = 1e-6
+
+
+class FilesVerifierSpec(_VerifierBase):
+    type: Literal["files"] = "files"
+    checks: list[FileCheck] = Field(min_length=1)
+    partial_credit: bool = False
+
+
+class AnswerVerifierSpec(_VerifierBase):
+    """The agent's final answer (given with the submit intent) against the expected one."""
+
+    type: Literal["answer"] = "answer"
+    expected: str = Field(description="templated with the variant's parameters")
+    mode: Literal["exact", "numeric", "normalized"] = "exact"
+    tolerance: float = 1e-6
+
+
+class ExitCodeVerifierSpec(_VerifierBase):
+    type: Literal["exit_code"] = "exit_code"
+    command: str
+    expect: int = 0
+    timeout_s: float = Field(default=60.0, gt=0)
+
+
+VerifierSpec = Annotated[
+    UnitTestsVerifierSpec | DbStateVerifierSpec | FilesVerifierSpec | AnswerVerifierSpec | ExitCodeVerifierSpec,
+    Field(discriminator="type"),
+]
+
+
+class EnvironmentSpec(BaseModel):
+    """Where a task runs: an image name, or a Dockerfile folder built on the base image."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image: str | None = Field(default=None, description="image reference; default is the base image")
+    dockerfile: str | None = Field(default=None, description="folder with a Dockerfile, relative to the task")
+    cpus: float = 1.0
+    memory_mb: int = 1024
+    pids: int = 256
+    network: bool = False
+    workdir: str = "/workspace"
+
+
+class TaskSpec(BaseModel):
+    """``task.yaml`` of a task folder. Paths are relative to the folder."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.\-/]*$")
+    domain: Domain
+    description: str = ""
+    instruction: str = Field(default="instruction.md", description="Jinja2 template file")
+    environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
+    setup: str | None = Field(default=None, description="templated script run as root before the agent starts")
+    tests: str = Field(default="tests", description="hidden folder, copied in only at grading")
+    solution: str = Field(default="solution/solve.sh", description="templated oracle script")
+    params: dict[str, ParamSpec] = Field(default_factory=dict)
+    verifiers: list[VerifierSpec] = Field(min_length=1)
+    limits: Limits = Field(default_factory=Limits)
+    tags: list[str] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- runtime records
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A task with its parameters drawn from ``seed``. ``instruction`` is rendered."""
+
+    task_id: str
+    seed: int
+    params: Mapping[str, Any]
+    instruction: str
+
+
+@dataclass(frozen=True)
+class Episode:
+    """What a verifier may know of the episode besides the sandbox."""
+
+    task_id: str
+    variant: Variant
+    final_answer: str | None = None
+    workdir: str = "/workspace"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    passed: bool
+    score: float
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class VerifierResult:
+    """``reward`` in [0, 1]; ``invalid`` means "could not decide" and ``reason`` says why."""
+
+    reward: float
+    passed: bool
+    invalid: bool = False
+    reason: str = ""
+    details: tuple[CheckResult, ...] = ()
+    duration_s: float = 0.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    name: str
+
+    def verify(self, sandbox: Sandbox, episode: Episode) -> VerifierResult: ...
+
+
+class Task(ABC):
+    """The hooks every task has, folder-based or plain Python.
+
+    Lifecycle of one episode: ``sandbox_spec()`` -> backend creates a sandbox ->
+    ``setup(sandbox, variant)`` -> the agent acts -> a grading sandbox is forked
+    from the agent's final state -> ``grade(grading_sandbox, episode)``.
+    ``oracle(sandbox, variant)`` does what a perfect agent would do.
+    """
+
+    id: str
+    domain: Domain
+    limits: Limits
+
+    @abstractmethod
+    def variant(self, seed: int) -> Variant: ...
+
+    @abstractmethod
+    def sandbox_spec(self) -> SandboxSpec: ...
+
+    @abstractmethod
+    def setup(self, sandbox: Sandbox, variant: Variant) -> None: ...
+
+    @abstractmethod
+    def oracle(self, sandbox: Sandbox, variant: Variant) -> str | None:
+        """Solve the variant in ``sandbox``; return the final answer if the task wants one."""
+
+    @abstractmethod
+    def grade(self, sandbox: Sandbox, episode: Episode) -> VerifierResult: ...
+
+    def hidden_paths(self) -> list[str]:
+        """Absolute paths in the sandbox that only grading may see (cleared before copying in)."""
+        return []
