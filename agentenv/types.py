@@ -179,7 +179,10 @@ class TaskSpec(BaseModel):
     description: str = ""
     instruction: str = Field(default="instruction.md", description="Jinja2 template file")
     environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
-    setup: str | None = Field(default=None, description="templated script run as root before the agent starts")
+    workspace: str = Field(default="workspace", description="folder copied into the workdir before setup (optional)")
+    setup: str | None = Field(
+        default=None, description="templated setup: a script file in the folder, or the script itself"
+    )
     tests: str = Field(default="tests", description="hidden folder, copied in only at grading")
     solution: str = Field(default="solution/solve.sh", description="templated oracle script")
     params: dict[str, ParamSpec] = Field(default_factory=dict)
@@ -256,7 +259,8 @@ class Task(ABC):
     def variant(self, seed: int) -> Variant: ...
 
     @abstractmethod
-    def sandbox_spec(self) -> SandboxSpec: ...
+    def sandbox_spec(self, *, build: bool = True) -> SandboxSpec:
+        """The sandbox to create. ``build=False`` never touches Docker (the local backend ignores images)."""
 
     @abstractmethod
     def setup(self, sandbox: Sandbox, variant: Variant) -> None: ...
@@ -271,3 +275,9 @@ class Task(ABC):
     def hidden_paths(self) -> list[str]:
         """Absolute paths in the sandbox that only grading may see (cleared before copying in)."""
         return []
+
+    def hidden_files(self, variant: Variant) -> dict[str, bytes]:
+        """Files grading copies into the grading sandbox (absolute path -> bytes), after clearing
+        ``hidden_paths()``. Folder tasks: every file of ``tests/`` under ``/tests``, plus
+        ``/tests/variant.json`` (seed and parameters) for tests that depend on the variant."""
+        return {}
