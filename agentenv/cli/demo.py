@@ -1,0 +1,85 @@
+"""``agentenv quickstart``: the README's main job.
+
+Until the training loop lands this is the sandbox tour: build the base image
+if it is missing, start a sandbox, run commands, snapshot, fork, restore, and
+show what each step cost. The command name stays, so the README's main
+command keeps working as it grows into the training run.
+"""
+
+from __future__ import annotations
+
+import time
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("quickstart")(quickstart)
+
+
+def quickstart() -> None:
+    """Run the main job end to end on the embedded default (local Docker daemon, CPU)."""
+    import docker
+
+    from sandboxes.docker_backend import DockerBackend
+    from sandboxes.images import ensure_base_image
+    from sandboxes.pool import SandboxPool
+    from sandboxes.types import SandboxSpec, SnapshotKind
+
+    timings: list[tuple[str, float, str]] = []
+
+    def step(label: str, fn, show=lambda r: ""):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        with console.status(label):
+            result = fn()
+        timings.append((label, (time.perf_counter() - t0) * 1000, show(result)))
+        return result
+
+    client = docker.from_env(timeout=600)
+    image = step("base image (built if missing)", lambda: ensure_base_image(client, log=console.log), str)
+    backend = DockerBackend(client)
+    pool = SandboxPool(backend, SandboxSpec(image=image), size=4)
+    try:
+        step("warm pool of 4", lambda: pool.warm(timeout=300))
+        sb = step("acquire a sandbox", pool.acquire, lambda s: s.id)
+        step("exec: python3 --version", lambda: sb.exec("python3 --version"), lambda r: r.stdout.strip())
+        step(
+            "write a project + run its test",
+            lambda: (
+                sb.write_file("/workspace/calc.py", "def add(a, b):\n    return a + b\n"),
+                sb.write_file("/workspace/test_calc.py", "from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"),
+                sb.exec("python3 -m pytest -q", timeout=60),
+            )[2],
+            lambda r: r.stdout.strip().splitlines()[-1],
+        )
+        ref = step("snapshot (fast)", lambda: sb.snapshot(SnapshotKind.FAST), lambda r: r.id)
+        step("break the code", lambda: sb.write_file("/workspace/calc.py", "def add(a, b):\n    return a - b\n"))
+        forks = step("fork 3 from the snapshot", lambda: pool.fork(ref, 3), lambda fs: ", ".join(f.id for f in fs))
+        step(
+            "tests in the 3 forks",
+            lambda: [f.exec("python3 -m pytest -q", timeout=60).exit_code for f in forks],
+            lambda codes: f"exit codes {codes} (snapshot was green)",
+        )
+        step("tests in the broken original", lambda: sb.exec("python3 -m pytest -q", timeout=60).exit_code,
+             lambda code: f"exit code {code}")
+        restored = step("restore the snapshot", lambda: pool.restore(ref), lambda s: s.id)
+        step("tests after restore", lambda: restored.exec("python3 -m pytest -q", timeout=60).exit_code,
+             lambda code: f"exit code {code}")
+        img = step("durable snapshot (docker commit)", lambda: restored.snapshot(SnapshotKind.IMAGE), lambda r: r.location[:19])
+        for s in [sb, restored, *forks]:
+            pool.release(s)
+    finally:
+        pool.close()
+        backend.close()
+    table = Table(title="AgentENV quickstart: sandbox tour")
+    table.add_column("step")
+    table.add_column("ms", justify="right")
+    table.add_column("result")
+    for label, ms, shown in timings:
+        table.add_row(label, f"{ms:.1f}", shown)
+    console.print(table)
+    console.print(f"durable snapshot image kept: {img.location} (remove with `agentenv sandbox gc --images` once this process is gone)")

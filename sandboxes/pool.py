@@ -1,0 +1,300 @@
+"""A warm pool of sandboxes for one (backend, spec), so the hot path never waits on a start.
+
+``acquire`` hands out a sandbox that is already at the pristine state: a fresh
+container of the spec's image, or, when the pool was given a ``pristine``
+FAST snapshot (a task after its setup), that snapshot already applied.
+``release`` gives it back; the pool destroys it and starts a replacement in
+the background, so a reset never sits on the caller's path and a dirty
+sandbox is never handed out twice. The pool never holds more than
+``max_size`` sandboxes (warm + leased + starting).
+
+``restore(ref)`` / ``fork(ref, n)`` apply any FAST snapshot onto warm pristine
+sandboxes: that is what makes mid-episode branching cheap.
+
+At start the pool sweeps its own run's leftovers: containers labelled with
+this run id whose owning process is gone (a crashed earlier worker of the same
+run). It never touches a live owner's sandboxes.
+
+Usage::
+
+    with SandboxPool(DockerBackend(), SandboxSpec(image=tag), size=4) as pool:
+        sb = pool.acquire(timeout=30)
+        sb.exec("make test")
+        pool.release(sb)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
+
+from sandboxes.errors import PoolClosed, SandboxError, SandboxTimeout, SpecError
+from sandboxes.types import Sandbox, SandboxBackend, SandboxSpec, SnapshotKind, SnapshotRef
+
+log = logging.getLogger(__name__)
+
+
+class SandboxPool:
+    """Warm sandboxes for one spec. Thread-safe.
+
+    ``size`` is how many warm sandboxes the pool keeps ready; ``max_size``
+    (default ``2 * size``) bounds everything it holds at once, leased included.
+    ``starters`` is how many sandboxes may be starting at the same time.
+    """
+
+    def __init__(
+        self,
+        backend: SandboxBackend,
+        spec: SandboxSpec,
+        *,
+        size: int = 4,
+        max_size: int | None = None,
+        pristine: SnapshotRef | None = None,
+        starters: int = 2,
+        sweep: bool = True,
+    ) -> None:
+        if size < 0:
+            raise SpecError(f"size must be >= 0, got {size}")
+        max_size = max_size if max_size is not None else max(2 * size, 1)
+        if max_size < max(size, 1):
+            raise SpecError(f"max_size must be >= size and >= 1, got max_size={max_size}, size={size}")
+        if pristine is not None and pristine.kind is not SnapshotKind.FAST:
+            raise SpecError(f"pristine must be a FAST snapshot, got {pristine.kind.value}")
+        self.backend = backend
+        self.spec = spec
+        self.size = size
+        self.max_size = max_size
+        self.pristine = pristine
+        self._ready: deque[Sandbox] = deque()
+        self._leased: dict[str, Sandbox] = {}
+        self._starting = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._errors: deque[BaseException] = deque(maxlen=8)
+        self._executor = ThreadPoolExecutor(max_workers=max(starters, 1), thread_name_prefix="sandbox-pool")
+        self._pending: set[Future[None]] = set()
+        self.stats = {"acquired": 0, "hits": 0, "misses": 0, "started": 0, "recycled": 0, "failed": 0}
+        if sweep:
+            self._sweep_leftovers()
+        self._refill()
+
+    # ------------------------------------------------------------------ public API
+
+    def acquire(self, timeout: float | None = 60.0) -> Sandbox:
+        """A sandbox at the pristine state; waits up to ``timeout`` for one to be ready."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._check_open()
+            self.stats["acquired"] += 1
+            hit = bool(self._ready)
+            if not hit:
+                self.stats["misses"] += 1
+                self._refill_locked(extra=1)
+            while not self._ready:
+                self._check_open()
+                if self._errors and self._starting == 0 and not self._ready:
+                    raise SandboxError(f"pool cannot start sandboxes for {self.spec.image}: {self._errors[-1]}")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise SandboxTimeout(
+                        f"no sandbox of {self.spec.image} ready within {timeout}s "
+                        f"(ready={len(self._ready)}, leased={len(self._leased)}, starting={self._starting})"
+                    )
+                self._cond.wait(timeout=remaining if remaining is None else min(remaining, 1.0))
+            if hit:
+                self.stats["hits"] += 1
+            sandbox = self._ready.popleft()
+            self._leased[sandbox.id] = sandbox
+            self._refill_locked()
+        return sandbox
+
+    def release(self, sandbox: Sandbox) -> None:
+        """Give a sandbox back; it is destroyed and replaced in the background."""
+        with self._cond:
+            self._leased.pop(sandbox.id, None)
+            self.stats["recycled"] += 1
+            closed = self._closed
+            if not closed:
+                self._submit(self._recycle, sandbox)
+        if closed:
+            _close_quietly(sandbox)
+
+    def restore(self, ref: SnapshotRef, timeout: float | None = 60.0) -> Sandbox:
+        """A warm sandbox with the FAST snapshot ``ref`` applied (falls back to ``backend.restore``)."""
+        if ref.kind is not SnapshotKind.FAST or ref.base_image != self.spec.image or self.pristine is not None:
+            return self.backend.restore(ref)
+        applier = getattr(self.backend, "apply_snapshot", None)
+        if applier is None:
+            return self.backend.restore(ref)
+        sandbox = self.acquire(timeout)
+        try:
+            applier(sandbox, ref)
+        except BaseException:
+            self.release(sandbox)
+            raise
+        return sandbox
+
+    def fork(self, ref: SnapshotRef, n: int, timeout: float | None = 60.0) -> list[Sandbox]:
+        """``n`` independent sandboxes at ``ref``, restored in parallel from warm ones."""
+        if n < 1:
+            raise SpecError(f"fork needs n >= 1, got {n}")
+        sandboxes = [self.acquire(timeout) for _ in range(n)]
+        applier = getattr(self.backend, "apply_snapshot", None)
+        if applier is None or ref.kind is not SnapshotKind.FAST or ref.base_image != self.spec.image:
+            for sb in sandboxes:
+                self.release(sb)
+            return self.backend.fork(ref, n)
+        with ThreadPoolExecutor(max_workers=min(n, 4)) as ex:
+            futures = [ex.submit(applier, sb, ref) for sb in sandboxes]
+            errors = [f.exception() for f in futures]
+        failed = next((e for e in errors if e is not None), None)
+        if failed is not None:
+            for sb in sandboxes:
+                self.release(sb)
+            raise failed
+        return sandboxes
+
+    def warm(self, timeout: float = 120.0) -> None:
+        """Block until ``size`` sandboxes are ready (for benchmarks and start-up)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._ready) < self.size:
+                self._check_open()
+                if self._errors and self._starting == 0:
+                    raise SandboxError(f"pool cannot start sandboxes for {self.spec.image}: {self._errors[-1]}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise SandboxTimeout(f"pool did not reach {self.size} ready sandboxes within {timeout}s")
+                self._refill_locked()
+                self._cond.wait(timeout=min(remaining, 1.0))
+
+    def counts(self) -> dict[str, int]:
+        with self._cond:
+            return {"ready": len(self._ready), "leased": len(self._leased), "starting": self._starting}
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop refilling, wait for starts in flight, destroy every sandbox the pool holds."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            pending = list(self._pending)
+            self._cond.notify_all()
+        deadline = time.monotonic() + timeout
+        for fut in pending:
+            try:
+                fut.result(timeout=max(deadline - time.monotonic(), 0.1))
+            except BaseException as exc:  # a failed start is already recorded
+                log.debug("pool start ended with %r during close", exc)
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        with self._cond:
+            doomed = list(self._ready) + list(self._leased.values())
+            self._ready.clear()
+            self._leased.clear()
+        for sb in doomed:
+            _close_quietly(sb)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PoolClosed(f"pool for {self.spec.image} is closed")
+
+    def _held(self) -> int:
+        return len(self._ready) + len(self._leased) + self._starting
+
+    def _refill(self) -> None:
+        with self._cond:
+            self._refill_locked()
+
+    def _refill_locked(self, extra: int = 0) -> None:
+        want = self.size + extra - len(self._ready) - self._starting
+        room = self.max_size - self._held()
+        for _ in range(max(min(want, room), 0)):
+            self._starting += 1
+            self._submit(self._start_one)
+
+    def _submit(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
+        try:
+            fut = self._executor.submit(fn, *args)
+        except RuntimeError:  # executor shut down: pool closing
+            if args:
+                _close_quietly(args[0])
+            return
+        self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
+
+    def _make(self) -> Sandbox:
+        sandbox = self.backend.create(self.spec)
+        if self.pristine is not None:
+            try:
+                self._applier()(sandbox, self.pristine)
+            except BaseException:
+                _close_quietly(sandbox)
+                raise
+        return sandbox
+
+    def _applier(self):  # type: ignore[no-untyped-def]
+        apply = getattr(self.backend, "apply_snapshot", None)
+        if apply is None:
+            raise SpecError(f"backend {self.backend.name!r} cannot apply snapshots onto warm sandboxes")
+        return apply
+
+    def _start_one(self) -> None:
+        try:
+            sandbox = self._make()
+        except BaseException as exc:
+            log.warning("pool failed to start a sandbox of %s: %s", self.spec.image, exc)
+            with self._cond:
+                self._starting -= 1
+                self.stats["failed"] += 1
+                self._errors.append(exc)
+                self._cond.notify_all()
+            return
+        with self._cond:
+            self._starting -= 1
+            self.stats["started"] += 1
+            self._errors.clear()
+            if self._closed:
+                doomed: Sandbox | None = sandbox
+            else:
+                doomed = None
+                self._ready.append(sandbox)
+            self._cond.notify_all()
+        if doomed is not None:
+            _close_quietly(doomed)
+
+    def _recycle(self, sandbox: Sandbox) -> None:
+        _close_quietly(sandbox)
+        self._refill()
+
+    def _sweep_leftovers(self) -> None:
+        sweep = getattr(self.backend, "sweep_run", None)
+        if sweep is None:
+            return
+        try:
+            removed = sweep()
+        except SandboxError as exc:
+            log.warning("pool could not sweep leftovers: %s", exc)
+            return
+        if removed:
+            log.info("pool swept %d leftover sandboxes of this run", len(removed))
+
+
+def _close_quietly(sandbox: Sandbox) -> None:
+    try:
+        sandbox.close()
+    except BaseException as exc:  # closing a dead sandbox must not kill the pool
+        log.debug("closing sandbox %s failed: %r", getattr(sandbox, "id", "?"), exc)

@@ -1,0 +1,144 @@
+"""SandboxPool against a small in-memory backend (unit) — the Docker run is in test_pool_docker.py."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import pytest
+
+from sandboxes.errors import PoolClosed, SandboxError, SandboxTimeout, SpecError
+from sandboxes.pool import SandboxPool
+from sandboxes.types import SandboxSpec, SnapshotKind, SnapshotRef
+
+pytestmark = pytest.mark.unit
+
+
+class FakeSandbox:
+    def __init__(self, sid: str, spec: SandboxSpec) -> None:
+        self.id = sid
+        self.spec = spec
+        self.files: dict[str, bytes] = {}
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self, delay: float = 0.0, fail: bool = False) -> None:
+        self.delay = delay
+        self.fail = fail
+        self.made: list[FakeSandbox] = []
+        self.applied: list[tuple[str, str]] = []
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+
+    def create(self, spec: SandboxSpec) -> FakeSandbox:
+        time.sleep(self.delay)
+        if self.fail:
+            raise SandboxError("image broken")
+        with self._lock:
+            sb = FakeSandbox(f"sb{next(self._ids)}", spec)
+            self.made.append(sb)
+        return sb
+
+    def apply_snapshot(self, sandbox: FakeSandbox, ref: SnapshotRef) -> None:
+        self.applied.append((sandbox.id, ref.id))
+        sandbox.files["snap"] = ref.id.encode()
+
+    def restore(self, ref: SnapshotRef) -> FakeSandbox:
+        raise AssertionError("pool should restore onto warm sandboxes")
+
+    def fork(self, ref: SnapshotRef, n: int) -> list[FakeSandbox]:
+        raise AssertionError("pool should fork onto warm sandboxes")
+
+    def close(self) -> None:
+        pass
+
+
+SPEC = SandboxSpec(image="img:1")
+
+
+def _ref(rid: str = "snap1") -> SnapshotRef:
+    return SnapshotRef(id=rid, kind=SnapshotKind.FAST, backend="fake", base_image="img:1", location="/x", spec=SPEC)
+
+
+def test_acquire_is_warm_and_release_replaces_in_background() -> None:
+    backend = FakeBackend()
+    with SandboxPool(backend, SPEC, size=2, max_size=3) as pool:
+        pool.warm(timeout=5)
+        sb = pool.acquire(timeout=5)
+        assert pool.stats["hits"] == 1
+        pool.release(sb)
+        deadline = time.monotonic() + 5
+        while not sb.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sb.closed, "a released sandbox is destroyed, never handed out again"
+        pool.warm(timeout=5)
+        again = pool.acquire(timeout=5)
+        assert again.id != sb.id
+
+
+def test_pool_is_bounded() -> None:
+    backend = FakeBackend()
+    with SandboxPool(backend, SPEC, size=1, max_size=2) as pool:
+        a = pool.acquire(timeout=5)
+        b = pool.acquire(timeout=5)
+        with pytest.raises(SandboxTimeout):
+            pool.acquire(timeout=0.3)
+        assert len(backend.made) <= 2
+        pool.release(a)
+        c = pool.acquire(timeout=5)
+        assert c.id not in (a.id, b.id)
+
+
+def test_pristine_snapshot_is_applied_before_handout() -> None:
+    backend = FakeBackend()
+    with SandboxPool(backend, SPEC, size=2, pristine=_ref("task-pristine")) as pool:
+        sb = pool.acquire(timeout=5)
+        assert sb.files["snap"] == b"task-pristine"
+
+
+def test_fork_and_restore_apply_onto_warm_sandboxes() -> None:
+    backend = FakeBackend()
+    with SandboxPool(backend, SPEC, size=3, max_size=6) as pool:
+        forks = pool.fork(_ref("mid"), 3, timeout=5)
+        assert len({f.id for f in forks}) == 3
+        assert all(f.files["snap"] == b"mid" for f in forks)
+        r = pool.restore(_ref("other"), timeout=5)
+        assert r.files["snap"] == b"other"
+
+
+def test_close_destroys_everything_and_refuses_acquire() -> None:
+    backend = FakeBackend()
+    pool = SandboxPool(backend, SPEC, size=2)
+    pool.warm(timeout=5)
+    leased = pool.acquire(timeout=5)
+    pool.close()
+    assert all(sb.closed for sb in backend.made)
+    assert leased.closed
+    with pytest.raises(PoolClosed):
+        pool.acquire(timeout=1)
+    pool.close()  # idempotent
+
+
+def test_failing_backend_surfaces_an_error_not_a_hang() -> None:
+    pool = SandboxPool(FakeBackend(fail=True), SPEC, size=1)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SandboxError, match="image broken"):
+            pool.acquire(timeout=10)
+        assert time.monotonic() - t0 < 5
+    finally:
+        pool.close()
+
+
+def test_bad_arguments_name_the_argument() -> None:
+    with pytest.raises(SpecError, match="size"):
+        SandboxPool(FakeBackend(), SPEC, size=-1)
+    with pytest.raises(SpecError, match="max_size"):
+        SandboxPool(FakeBackend(), SPEC, size=4, max_size=2)
