@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
@@ -114,6 +114,11 @@ class DbStateVerifierSpec(_VerifierBase):
     assertions: list[RowAssertion] = Field(default_factory=list)
     compare_oracle_hash: bool = True
     tables: list[str] | None = Field(default=None, description="tables in the state hash; None = all")
+    prepare: str | None = Field(
+        default=None,
+        description="command run in the grading sandbox before connecting (e.g. start the database server: "
+        "snapshots keep files, not processes)",
+    )
 
 
 class FileCheck(BaseModel):
@@ -125,6 +130,10 @@ class FileCheck(BaseModel):
     json_equals: Any = None
     csv_equals: list[list[str]] | None = None
     tolerance: float = 1e-6
+    match_oracle: Literal["text", "json", "csv"] | None = Field(
+        default=None,
+        description="compare with the same file the oracle writes on a fresh copy of the variant, as text/JSON/CSV",
+    )
 
 
 class FilesVerifierSpec(_VerifierBase):
@@ -140,6 +149,7 @@ class AnswerVerifierSpec(_VerifierBase):
     expected: str = Field(description="templated with the variant's parameters")
     mode: Literal["exact", "numeric", "normalized"] = "exact"
     tolerance: float = 1e-6
+    file: str | None = Field(default=None, description="read the answer from this sandbox file when none was submitted")
 
 
 class ExitCodeVerifierSpec(_VerifierBase):
@@ -204,14 +214,33 @@ class Variant:
     instruction: str
 
 
+@runtime_checkable
+class OracleReplay(Protocol):
+    """A fresh sandbox of the episode's variant with the oracle applied, for verifiers that compare to it.
+
+    ``compute(key, fn)`` returns ``fn(oracle_sandbox, oracle_answer)``, cached
+    per (task, variant, image, key) so a variant's oracle runs once. Raises
+    ``agentenv.errors.OracleError`` when the oracle fails (a broken task, not
+    an agent failure). ``agentenv.grading`` provides the implementation.
+    """
+
+    def compute(self, key: str, fn: Callable[[Sandbox, str | None], Any]) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Episode:
-    """What a verifier may know of the episode besides the sandbox."""
+    """What a verifier may know of the episode besides the sandbox.
+
+    ``oracle`` is set by grading (not pickled along with trajectories' data in
+    spirit: it holds a backend); verifiers that compare with the oracle's state
+    report ``invalid`` when it is missing.
+    """
 
     task_id: str
     variant: Variant
     final_answer: str | None = None
     workdir: str = "/workspace"
+    oracle: OracleReplay | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
