@@ -38,26 +38,40 @@ INTENT_NAMES: tuple[str, ...] = (
     "submit",
 )
 
+EffortLevel = Literal["low", "high", "max"]
+EFFORT_LEVELS: tuple[str, ...] = ("low", "high", "max")
+
+# Canonical plan statuses; harnesses translate theirs (Kimi says "done").
+PLAN_STATUSES: tuple[str, ...] = ("pending", "in_progress", "completed")
+
 
 @dataclass(frozen=True)
 class Intent:
     """One canonical action. ``args`` keys are the canonical ones documented per intent:
 
-    * exec_shell: command (str or argv list), cwd, timeout_s
-    * read_file: path, offset (1-based line), limit (lines)
+    * exec_shell: command (str, run by a shell; or argv list, run without one),
+      cwd, timeout_s (seconds, whatever unit the harness spoke)
+    * read_file: path, offset (1-based line; negative counts from the end), limit (lines)
     * write_file: path, content, append (bool)
-    * edit_replace: path, old, new, replace_all (bool)
+    * edit_replace: path, old, new, replace_all (bool) -- or path, edits (list of
+      {old, new, replace_all}) applied in order, all or nothing
     * apply_patch: patch (Codex patch grammar text), cwd
     * glob: pattern, path
     * grep: pattern, path, glob, ignore_case, line_numbers, context_before,
       context_after, output_mode (content | files_with_matches | count), head_limit
-    * plan_update: items (list of {text, status}), explanation
+    * plan_update: items (list of {text, status}; status in ``PLAN_STATUSES``),
+      explanation; ``items=None`` only reads the plan
     * submit: answer (optional final answer)
+
+    Relative paths are resolved against ``cwd`` when given, else the sandbox's
+    workdir. ``tool`` is the harness's own tool name, kept so the result can be
+    formatted the way that tool would (``Read`` numbers lines, ``ReadFile`` ...).
     """
 
     name: IntentName
     args: Mapping[str, Any] = field(default_factory=dict)
     call_id: str = ""
+    tool: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,11 +108,18 @@ class ParseError:
 
 @dataclass(frozen=True)
 class ParsedTurn:
-    """The model's turn split into its text and its calls (and any malformed ones)."""
+    """The model's turn split into its text and its calls (and any malformed ones).
+
+    ``reasoning`` is the thinking the model wrote (``<think>`` text or a
+    ``reasoning_content`` field). ``dropped_calls`` counts calls past the
+    per-turn cap that were not even parsed (one ``ParseError`` says so).
+    """
 
     text: str
     calls: Sequence[ToolCall] = ()
     errors: Sequence[ParseError] = ()
+    reasoning: str = ""
+    dropped_calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -111,7 +132,17 @@ class RenderedPrompt:
 
 @runtime_checkable
 class Harness(Protocol):
-    """An agent harness: its system prompt, its tools, its parsing and result style."""
+    """An agent harness: its system prompt, its tools, its parsing and result style.
+
+    ``render`` gives the episode's opening messages: the harness's system prompt,
+    then (when ``effort`` is given) an option message stating the effort level,
+    then the instruction. ``parse`` accepts either an OpenAI-style assistant
+    message (``{"content", "tool_calls": [{"id", "function": {"name",
+    "arguments": <JSON string>}}]}``) or the raw text a local model emitted under
+    the project's chat template (``<tool_call>{"name", "arguments"}</tool_call>``);
+    it never raises. ``to_intent`` never raises either: a call it cannot map is a
+    ``ParseError``.
+    """
 
     name: str
 
@@ -125,4 +156,22 @@ class Harness(Protocol):
         """A chat message (role ``tool`` or the harness's equivalent) carrying the result."""
         ...
 
-    def format_error(self, error: ParseError) -> Mapping[str, Any]: ...
+    def format_error(self, error: ParseError) -> Mapping[str, Any]:
+        """A chat message telling the model its call was malformed, in the harness's style."""
+        ...
+
+
+__all__ = [
+    "EFFORT_LEVELS",
+    "INTENT_NAMES",
+    "PLAN_STATUSES",
+    "EffortLevel",
+    "Harness",
+    "Intent",
+    "IntentName",
+    "IntentResult",
+    "ParseError",
+    "ParsedTurn",
+    "RenderedPrompt",
+    "ToolCall",
+]

@@ -1,0 +1,250 @@
+"""The shared machinery of every harness; a concrete harness is mostly data.
+
+A harness subclass sets ``name``, a system prompt, how it states effort, how
+it wraps errors, and a tuple of ``Tool``s. Each ``Tool`` carries its real JSON
+schema (what the model sees), a function mapping its arguments onto a
+canonical ``Intent``, and a function formatting an ``IntentResult`` in that
+tool's style. Parsing, schema checking, the call cap and error messages are
+done here once, so adding a harness is a page of tool tables (docs/harnesses.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from agentenv.intents import (
+    EFFORT_LEVELS,
+    Intent,
+    IntentResult,
+    ParsedTurn,
+    ParseError,
+    RenderedPrompt,
+    ToolCall,
+)
+from rollout.harnesses.parsing import Extracted, extract_message, extract_text
+
+ToIntent = Callable[[Mapping[str, Any]], "Intent | str"]
+Formatter = Callable[[IntentResult], str]
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list, tuple),
+    "object": (Mapping,),
+    "null": (type(None),),
+}
+
+
+def check_schema(value: Any, schema: Mapping[str, Any], where: str = "arguments") -> str | None:
+    """First violation of a small JSON-schema subset, as a message; ``None`` when valid.
+
+    Subset: type (or list of types), properties, required, additionalProperties
+    (false only), enum, items, minimum, maximum, minItems. Enough for tool
+    schemas, and no third-party validator on the rollout hot path.
+    """
+    types = schema.get("type")
+    if types is not None:
+        names = [types] if isinstance(types, str) else list(types)
+        ok = False
+        for t in names:
+            py = _JSON_TYPES.get(t, (object,))
+            if isinstance(value, bool) and t in ("integer", "number"):
+                continue
+            if t == "integer" and isinstance(value, float) and value.is_integer():
+                ok = True
+            if isinstance(value, py):
+                ok = True
+        if not ok:
+            return f"{where} must be {' or '.join(names)}, got {_json_type(value)}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{where} must be one of {', '.join(map(repr, schema['enum']))}, got {value!r}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            return f"{where} must be >= {schema['minimum']}, got {value}"
+        if "maximum" in schema and value > schema["maximum"]:
+            return f"{where} must be <= {schema['maximum']}, got {value}"
+    if isinstance(value, Mapping):
+        props: Mapping[str, Any] = schema.get("properties", {})
+        for key in schema.get("required", ()):
+            if key not in value:
+                return f"missing required argument {key!r}" if where == "arguments" else f"{where}: missing {key!r}"
+        if schema.get("additionalProperties") is False:
+            extra = sorted(str(k) for k in value if k not in props)
+            if extra:
+                return f"unexpected argument {extra[0]!r} (expected: {', '.join(props)})"
+        for key, sub in props.items():
+            if key in value and not (value[key] is None and key not in schema.get("required", ())):
+                problem = check_schema(value[key], sub, key if where == "arguments" else f"{where}.{key}")
+                if problem:
+                    return problem
+    if isinstance(value, (list, tuple)):
+        if len(value) < schema.get("minItems", 0):
+            return f"{where} needs at least {schema['minItems']} item(s)"
+        if "items" in schema:
+            for n, item in enumerate(value):
+                problem = check_schema(item, schema["items"], f"{where}[{n}]")
+                if problem:
+                    return problem
+    return None
+
+
+def _json_type(value: Any) -> str:
+    for name, py in _JSON_TYPES.items():
+        if isinstance(value, py) and not (isinstance(value, bool) and name != "boolean"):
+            return name
+    return type(value).__name__
+
+
+def obj(required: Sequence[str] = (), **props: Mapping[str, Any]) -> dict[str, Any]:
+    """A closed object schema; keeps tool tables short."""
+    return {"type": "object", "properties": dict(props), "required": list(required), "additionalProperties": False}
+
+
+def prop(type_: str | list[str], description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": type_, "description": description, **extra}
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool of a harness, in that harness's own name and argument shape."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    to_intent: ToIntent
+    format: Formatter | None = None
+
+    def schema(self) -> dict[str, Any]:
+        """OpenAI function-tool form, which the chat template and servers both take."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}}
+
+
+def plain_result(result: IntentResult) -> str:
+    """Default text of a result: output, and exit code when a command failed."""
+    if result.error:
+        return result.error if not result.output else f"{result.output}\n{result.error}"
+    if result.exit_code not in (None, 0):
+        return f"{result.output}\n[exit code {result.exit_code}]".lstrip("\n")
+    return result.output
+
+
+class BaseHarness:
+    """Everything but the tool tables. Subclasses fill in the class attributes."""
+
+    name: ClassVar[str] = ""
+    system_prompt: ClassVar[str] = ""
+    tools: ClassVar[tuple[Tool, ...]] = ()
+    call_id_prefix: ClassVar[str] = "call_"
+    max_calls_per_turn: ClassVar[int] = 32
+    # When a turn has no tool calls the model is done (how every real harness ends a task).
+    text_turn_submits: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self._by_name = {t.name: t for t in self.tools}
+
+    # ------------------------------------------------------------ prompt
+
+    def effort_text(self, effort: str) -> str:
+        """How this harness states the effort level; subclasses word it their way."""
+        return f"Reasoning effort: {effort}."
+
+    def render(self, instruction: str, effort: str | None = None) -> RenderedPrompt:
+        if effort is not None and effort not in EFFORT_LEVELS:
+            raise ValueError(f"effort must be one of {', '.join(EFFORT_LEVELS)} or None, got {effort!r}")
+        messages: list[dict[str, Any]] = [{"role": "system", "content": self.system_prompt}]
+        if effort is not None:
+            # A message of its own, so MOPD can show it to the student only.
+            messages.append({"role": "system", "content": self.effort_text(effort), "name": "effort"})
+        messages.append({"role": "user", "content": instruction})
+        return RenderedPrompt(messages=messages, tools=[t.schema() for t in self.tools])
+
+    # ------------------------------------------------------------ parsing
+
+    def parse(self, output: str | Mapping[str, Any]) -> ParsedTurn:
+        try:
+            if isinstance(output, str):
+                ex = extract_text(output, self.call_id_prefix, self.max_calls_per_turn)
+            elif isinstance(output, Mapping):
+                ex = extract_message(output, self.call_id_prefix, self.max_calls_per_turn)
+            else:
+                ex = Extracted("", "", [], [ParseError(f"model output must be text or a message, got {type(output).__name__}")], 0)
+        except Exception as exc:  # noqa: BLE001 - the contract is "never raises"; keep the turn as data
+            ex = Extracted("", "", [], [ParseError(f"unparseable model output ({type(exc).__name__})")], 0)
+        calls: list[ToolCall] = []
+        errors = list(ex.errors)
+        for raw in ex.calls:
+            call = ToolCall(raw.name, raw.arguments, raw.call_id)
+            mapped = self.to_intent(call)
+            if isinstance(mapped, ParseError):
+                errors.append(mapped)
+            else:
+                calls.append(call)
+        return ParsedTurn(text=ex.text, calls=tuple(calls), errors=tuple(errors), reasoning=ex.reasoning, dropped_calls=ex.dropped)
+
+    def to_intent(self, call: ToolCall) -> Intent | ParseError:
+        tool = self._by_name.get(call.name)
+        if tool is None:
+            hint = _closest(call.name, list(self._by_name))
+            return ParseError(
+                f"unknown tool {call.name!r}{f'; did you mean {hint!r}?' if hint else ''} "
+                f"(available: {', '.join(self._by_name)})",
+                raw=call.name[:200],
+                call_id=call.call_id,
+            )
+        problem = check_schema(call.arguments, tool.parameters)
+        if problem:
+            return ParseError(f"{tool.name}: {problem}", call_id=call.call_id)
+        try:
+            mapped = tool.to_intent(call.arguments)
+        except (KeyError, TypeError, ValueError) as exc:
+            return ParseError(f"{tool.name}: invalid arguments ({exc})", call_id=call.call_id)
+        if isinstance(mapped, str):
+            return ParseError(f"{tool.name}: {mapped}", call_id=call.call_id)
+        return Intent(mapped.name, mapped.args, call_id=call.call_id, tool=tool.name)
+
+    def turn_intents(self, turn: ParsedTurn) -> list[Intent | ParseError]:
+        """The turn's intents in order, then its errors; a plain text turn is a ``submit``."""
+        out: list[Intent | ParseError] = []
+        for call in turn.calls:
+            out.append(self.to_intent(call))
+        out.extend(turn.errors)
+        if not out and self.text_turn_submits:
+            out.append(Intent("submit", {"answer": turn.text}, tool=""))
+        return out
+
+    # ------------------------------------------------------------ results
+
+    def error_text(self, message: str) -> str:
+        """How this harness wraps an error message; subclasses override."""
+        return f"Error: {message}"
+
+    def format_result(self, result: IntentResult) -> Mapping[str, Any]:
+        tool = self._by_name.get(result.intent.tool)
+        if result.error and not result.ok and result.exit_code is None:
+            text = self.error_text(result.error)
+        elif tool is not None and tool.format is not None:
+            text = tool.format(result)
+        else:
+            text = plain_result(result)
+        return {"role": "tool", "tool_call_id": result.intent.call_id, "name": result.intent.tool or result.intent.name, "content": text}
+
+    def format_error(self, error: ParseError) -> Mapping[str, Any]:
+        """A ``tool`` message; ``tool_call_id`` is empty when no call could be identified."""
+        return {"role": "tool", "tool_call_id": error.call_id, "name": "error", "content": self.error_text(error.message)}
+
+
+def _closest(name: str, options: Sequence[str]) -> str | None:
+    import difflib
+
+    low = {o.lower(): o for o in options}
+    if name.lower() in low:
+        return low[name.lower()]
+    hits = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    return hits[0] if hits else None
+
+
+__all__ = ["BaseHarness", "Tool", "check_schema", "obj", "plain_result", "prop"]
