@@ -1,0 +1,159 @@
+"""Grade an episode in a clean sandbox forked from the agent's final state.
+
+``grade_episode`` is the one way rewards are made:
+
+1. snapshot the agent's sandbox (``FAST``: files only; the agent's processes,
+   a background job rewriting files, do not come along);
+2. restore that snapshot into a new grading sandbox;
+3. remove every path only grading may own (``task.hidden_paths()``), so a
+   file the agent planted there (a fake test, a fake report) is gone;
+4. copy the hidden tests and verifier files in only now (``task.hidden_files``);
+   verifiers stage what they run into fresh unpredictable directories too;
+5. run the task's verifiers with an oracle replay at hand (a fresh sandbox of
+   the same variant with the oracle applied, made lazily and cached per
+   task, variant and image, for state-hash and oracle-file comparisons);
+6. close every sandbox it made and return the composite result.
+
+It never raises for anything the agent did, nor for a verifier crash: those
+are ``invalid`` results with a reason. Usage::
+
+    result = grade_episode(backend, agent_sandbox, task, Episode(task.id, variant, final_answer="42"))
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from agentenv.errors import OracleError
+from agentenv.types import Episode, Task, Variant, VerifierResult
+from sandboxes.types import Sandbox, SandboxBackend, SnapshotKind
+
+_CACHE_SIZE = 512
+_cache: OrderedDict[tuple[str, int, str, str], tuple[bool, Any]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def clear_oracle_cache() -> None:
+    with _cache_lock:
+        _cache.clear()
+
+
+class BackendOracleReplay:
+    """``OracleReplay`` on a backend: one fresh sandbox of the variant, set up, oracle applied.
+
+    Values are cached process-wide by (task id, seed, image, key); so are
+    oracle failures, so a broken task fails fast on every later episode.
+    """
+
+    def __init__(self, backend: SandboxBackend, task: Task, variant: Variant) -> None:
+        self.backend, self.task, self.variant = backend, task, variant
+        self._sandbox: Sandbox | None = None
+        self._answer: str | None = None
+        self._image = task.sandbox_spec().image
+
+    def compute(self, key: str, fn: Callable[[Sandbox, str | None], Any]) -> Any:
+        cache_key = (self.task.id, self.variant.seed, self._image, key)
+        with _cache_lock:
+            hit = _cache.get(cache_key)
+            if hit is not None:
+                _cache.move_to_end(cache_key)
+        if hit is None:
+            try:
+                sandbox = self._ensure()
+                hit = (True, fn(sandbox, self._answer))
+            except OracleError as exc:
+                hit = (False, str(exc))
+            with _cache_lock:
+                _cache[cache_key] = hit
+                while len(_cache) > _CACHE_SIZE:
+                    _cache.popitem(last=False)
+        ok, value = hit
+        if not ok:
+            raise OracleError(value)
+        return value
+
+    def _ensure(self) -> Sandbox:
+        if self._sandbox is None:
+            sandbox = self.backend.create(self.task.sandbox_spec())
+            try:
+                self.task.setup(sandbox, self.variant)
+                self._answer = self.task.oracle(sandbox, self.variant)
+            except OracleError:
+                sandbox.close()
+                raise
+            except Exception as exc:  # setup of a fresh copy failing is the task's fault too
+                sandbox.close()
+                raise OracleError(f"{self.task.id} seed {self.variant.seed}: replay failed: {type(exc).__name__}: {exc}") from exc
+            self._sandbox = sandbox
+        return self._sandbox
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox = None
+
+
+def _invalid(reason: str, started: float, **extra: Any) -> VerifierResult:
+    return VerifierResult(0.0, False, True, reason, (), time.monotonic() - started, dict(extra))
+
+
+def prepare_grading_sandbox(sandbox: Sandbox, task: Task, variant: Variant) -> str | None:
+    """Clear hidden paths and copy hidden files in; return a reason when that fails."""
+    hidden = [p for p in task.hidden_paths() if p.startswith("/") and p.rstrip("/")]
+    if hidden:
+        quoted = " ".join(shlex.quote(p) for p in hidden)
+        sandbox.exec(["bash", "-c", f"rm -rf -- {quoted}"], timeout=60)
+        still = sandbox.exec(["bash", "-c", f"for p in {quoted}; do [ -e \"$p\" ] && echo \"$p\"; done; true"], timeout=30)
+        if still.stdout.strip():
+            return f"could not clear hidden paths the agent may have written: {still.stdout.split()}"
+    hidden_files = getattr(task, "hidden_files", None)
+    if hidden_files is not None:
+        for path, data in sorted(hidden_files(variant).items()):
+            sandbox.write_file(path, data)
+    return None
+
+
+def grade_episode(backend: SandboxBackend, agent_sandbox: Sandbox, task: Task, episode: Episode) -> VerifierResult:
+    """Grade ``episode`` in a clean sandbox forked from ``agent_sandbox``; see the module docstring."""
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    try:
+        ref = agent_sandbox.snapshot(SnapshotKind.FAST)
+    except Exception as exc:  # noqa: BLE001 - a lost sandbox is an episode that cannot be graded
+        return _invalid(f"cannot snapshot the agent's sandbox: {type(exc).__name__}: {exc}", started)
+    timings["snapshot_s"] = time.monotonic() - started
+    try:
+        grading = backend.restore(ref)
+    except Exception as exc:  # noqa: BLE001
+        return _invalid(f"cannot restore the agent's state for grading: {type(exc).__name__}: {exc}", started)
+    timings["restore_s"] = time.monotonic() - started - timings["snapshot_s"]
+    replay = BackendOracleReplay(backend, task, episode.variant)
+    try:
+        try:
+            problem = prepare_grading_sandbox(grading, task, episode.variant)
+        except Exception as exc:  # noqa: BLE001
+            problem = f"cannot copy hidden files into the grading sandbox: {type(exc).__name__}: {exc}"
+        if problem:
+            return _invalid(problem, started, timings=timings)
+        verify_started = time.monotonic()
+        try:
+            result = task.grade(grading, replace(episode, oracle=replay))
+        except Exception as exc:  # noqa: BLE001
+            return _invalid(f"{task.id}: grading raised {type(exc).__name__}: {exc}", started, timings=timings)
+        timings["verify_s"] = time.monotonic() - verify_started
+        return replace(result, duration_s=time.monotonic() - started, extra={**dict(result.extra), "timings": timings})
+    finally:
+        for closer in (grading.close, replay.close):
+            try:
+                closer()
+            except Exception:  # noqa: BLE001,S110 - closing is best effort; the reaper finds leftovers
+                pass
+
+
+__all__ = ["BackendOracleReplay", "clear_oracle_cache", "grade_episode", "prepare_grading_sandbox"]

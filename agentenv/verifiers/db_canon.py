@@ -1,0 +1,90 @@
+"""Canonical rows of a database through SQLAlchemy, and their hash. Also a script.
+
+This file is imported on the host (SQLite: the database file is copied out of
+the sandbox and opened here with SQLAlchemy 2) *and* copied into a sandbox and
+run there with the image's Debian ``python3-sqlalchemy`` (1.4) for servers
+that only exist inside the sandbox (PostgreSQL on a unix socket, network off).
+So it imports nothing but the standard library and SQLAlchemy, and uses only
+the API both versions share.
+
+Canonical form (what makes two equal states hash equal on either engine):
+tables sorted by name; each table as its column names plus its rows sorted by
+their JSON text; values normalised by type: integral numbers (int, Decimal,
+float) become ints, other numbers floats rounded to 6 places, dates and times
+ISO text, bytes hex, booleans stay booleans, everything else ``str``. The hash
+is sha256 of that structure as sorted-key JSON.
+
+Script use: ``python3 db_canon.py REQUEST.json`` prints one JSON line:
+``{"tables": {...}, "queries": [{"rows": [...]} | {"error": "..."}]}``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import hashlib
+import json
+import sys
+from typing import Any
+
+
+def normalise(value: Any) -> Any:
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float | decimal.Decimal):
+        number = float(value)
+        if number == number and number not in (float("inf"), float("-inf")) and number == int(number):
+            return int(number)
+        return round(number, 6)
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    return str(value)
+
+
+def _rows(result: Any) -> list[list[Any]]:
+    return [[normalise(v) for v in row] for row in result.fetchall()]
+
+
+def dump(url: str, tables: list[str] | None = None, queries: list[str] | None = None) -> dict[str, Any]:
+    """Canonical table contents (``tables`` or all) and the rows of each query, in order."""
+    from sqlalchemy import create_engine, inspect, text
+
+    engine = create_engine(url)
+    try:
+        names = sorted(tables) if tables is not None else sorted(inspect(engine).get_table_names())
+        quote = engine.dialect.identifier_preparer.quote
+        out: dict[str, Any] = {"tables": {}, "queries": []}
+        with engine.connect() as conn:
+            for name in names:
+                result = conn.execute(text(f"SELECT * FROM {quote(name)}"))
+                columns = list(result.keys())
+                rows = sorted(_rows(result), key=lambda r: json.dumps(r, sort_keys=True))
+                out["tables"][name] = {"columns": columns, "rows": rows}
+            for query in queries or []:
+                try:
+                    out["queries"].append({"rows": _rows(conn.execute(text(query)))})
+                except Exception as exc:  # noqa: BLE001 - a broken query is a result (the agent dropped a table)
+                    conn.rollback()
+                    out["queries"].append({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
+        return out
+    finally:
+        engine.dispose()
+
+
+def state_hash(tables: dict[str, Any]) -> str:
+    blob = json.dumps(tables, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def main(argv: list[str]) -> int:
+    request = json.loads(open(argv[1]).read())
+    print(json.dumps(dump(request["url"], request.get("tables"), request.get("queries"))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
