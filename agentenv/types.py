@@ -306,7 +306,7 @@ class Task(ABC):
         return []
 
     def hidden_files(self, variant: Variant) -> dict[str, bytes]:
-        """Files grading copies into the grading sandbox (absolute path -> bytes), after clearing
-        ``hidden_paths()``. Folder tasks: every file of ``tests/`` under ``/tests``, plus
-        ``/tests/variant.json`` (seed and parameters) for tests that depend on the variant."""
+        """Files grading copies into the grading sandbox (absolute path -> bytes) after clearing
+        ``hidden_paths()``; ``variant.json`` (seed and parameters) included. ``agentenv check``
+        proves none of them is visible to the agent."""
         return {}
