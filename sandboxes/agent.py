@@ -41,7 +41,7 @@ FRAME = struct.Struct(">IQ")
 CHUNK = 1 << 16
 MANIFEST_NAME = ".agentenv-snapshot.json"
 POST_EXIT_DRAIN_S = 0.2  # read what background children still write after the command exits
-SHELL = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+SHELL = "/bin/sh"  # like LocalBackend: one shell language on every backend; and dash starts fast
 OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
 
 
