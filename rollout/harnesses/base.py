@@ -42,10 +42,14 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 def check_schema(value: Any, schema: Mapping[str, Any], where: str = "arguments") -> str | None:
     """First violation of a small JSON-schema subset, as a message; ``None`` when valid.
 
-    Subset: type (or list of types), properties, required, additionalProperties
-    (false only), enum, items, minimum, maximum, minItems. Enough for tool
-    schemas, and no third-party validator on the rollout hot path.
+    Subset: type (or list of types), anyOf, properties, required,
+    additionalProperties (false only), enum, items, minimum, maximum, minItems.
+    Enough for tool schemas, and no third-party validator on the rollout hot path.
     """
+    if "anyOf" in schema:
+        problems = [check_schema(value, sub, where) for sub in schema["anyOf"]]
+        if all(problems):
+            return problems[0] if isinstance(value, Mapping) else f"{where} has the wrong shape ({problems[0]})"
     types = schema.get("type")
     if types is not None:
         names = [types] if isinstance(types, str) else list(types)
@@ -143,7 +147,8 @@ class BaseHarness:
     # When a turn has no tool calls the model is done (how every real harness ends a task).
     text_turn_submits: ClassVar[bool] = True
 
-    def __init__(self) -> None:
+    def __init__(self, workdir: str = "/workspace") -> None:
+        self.workdir = workdir
         self._by_name = {t.name: t for t in self.tools}
 
     # ------------------------------------------------------------ prompt
@@ -155,7 +160,8 @@ class BaseHarness:
     def render(self, instruction: str, effort: str | None = None) -> RenderedPrompt:
         if effort is not None and effort not in EFFORT_LEVELS:
             raise ValueError(f"effort must be one of {', '.join(EFFORT_LEVELS)} or None, got {effort!r}")
-        messages: list[dict[str, Any]] = [{"role": "system", "content": self.system_prompt}]
+        system = self.system_prompt.replace("{workdir}", self.workdir)  # not str.format: prompts hold braces
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
         if effort is not None:
             # A message of its own, so MOPD can show it to the student only.
             messages.append({"role": "system", "content": self.effort_text(effort), "name": "effort"})
