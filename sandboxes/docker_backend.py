@@ -318,10 +318,17 @@ class DockerBackend:
         *,
         run_id: str | None = None,
         snapshot_dir: Path | None = None,
+        base_url: str | None = None,
     ) -> None:
+        """``client`` wins over ``base_url``; with neither, the environment's daemon (``DOCKER_HOST``)."""
         from sandboxes.docker_snapshots import DockerSnapshots
 
-        self.client = client if client is not None else daemon_call("docker.from_env", lambda: docker.from_env(timeout=120))
+        if client is None:
+            if base_url is not None:
+                client = daemon_call(base_url, lambda: docker.DockerClient(base_url=base_url, timeout=120))
+            else:
+                client = daemon_call("docker.from_env", lambda: docker.from_env(timeout=120))
+        self.client = client
         info = daemon_call("docker info", self.client.info)
         self.storage_driver = str(info.get("Driver", ""))
         self.run_id = run_id or labels.current_run_id()
