@@ -11,7 +11,7 @@ A task folder::
       workspace/         optional: copied into the sandbox's workdir before setup
       setup.sh           optional: templated script run in the sandbox before the agent starts
       solution/solve.sh  templated oracle script (what a perfect agent would do)
-      tests/             hidden: copied to /tests of the grading sandbox only, with variant.json
+      tests/             hidden: copied into the grading sandbox only, with variant.json
       environment/       optional: a Dockerfile folder built on the base image
 
 The oracle's final answer (for tasks with an ``answer`` verifier) is the last
@@ -46,7 +46,8 @@ from agentenv.variants import context, make_variant, render
 from sandboxes.types import ExecResult, Sandbox, SandboxSpec
 
 #: Where grading copies the hidden tests (cleared first, so nothing the agent planted there survives).
-HIDDEN_TESTS_DIR = "/tests"
+#: Under /tmp because grading runs as the sandbox user, who may not create top-level folders.
+HIDDEN_TESTS_DIR = "/tmp/agentenv-hidden"
 
 _TAIL = 2000
 
