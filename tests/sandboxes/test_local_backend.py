@@ -1,0 +1,308 @@
+"""LocalBackend beyond the shared contract: one adversarial test per property it claims.
+
+Each property runs in both modes (bubblewrap, when it works here, and plain
+subprocesses); properties only one mode has are tested in that mode, and the
+limitations the module docstring admits are pinned too, so that a change in
+what is isolated shows up as a test change.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import sandboxes.local_backend as local_backend
+from sandboxes.errors import PathEscape, SandboxLost, SandboxPermissionError, SnapshotError, SpecError
+from sandboxes.local_backend import ISOLATION_BWRAP, ISOLATION_PLAIN, LocalBackend, LocalSandbox
+from sandboxes.local_exec import bwrap_works
+from sandboxes.types import SandboxSpec, SnapshotKind
+
+pytestmark = pytest.mark.unit
+
+SPEC = SandboxSpec(image="agentenv-base:latest")
+
+
+@pytest.fixture(params=["bwrap", "plain"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalBackend]:
+    if request.param == "bwrap" and not bwrap_works():
+        pytest.skip("bubblewrap cannot create namespaces on this host")
+    made = LocalBackend(tmp_path / "root", use_bwrap=request.param == "bwrap")
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def sandbox(backend: LocalBackend) -> Iterator[LocalSandbox]:
+    made = backend.create(SPEC)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def _host_pids_with(needle: bytes) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if name.isdigit() and needle in f.read():
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def _token() -> str:
+    return f"28{secrets.randbelow(10)}.{secrets.randbelow(10**6):06d}"
+
+
+# -- what it says about itself -------------------------------------------------
+
+
+def test_isolation_is_stated_plainly(backend: LocalBackend) -> None:
+    assert "does NOT isolate" in (local_backend.__doc__ or "")
+    assert backend.isolation == (ISOLATION_BWRAP if backend.use_bwrap else ISOLATION_PLAIN)
+    assert "NOT enforced" in backend.isolation
+    if not backend.use_bwrap:
+        assert "NO file system isolation" in backend.isolation and "NO network isolation" in backend.isolation
+
+
+def test_insisting_on_bwrap_where_it_does_not_work_fails(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(local_backend, "bwrap_works", lambda: False)
+    with pytest.raises(SpecError, match="bubblewrap"):
+        LocalBackend(tmp_path, use_bwrap=True)
+    fallback = LocalBackend(tmp_path)
+    assert not fallback.use_bwrap and fallback.isolation == ISOLATION_PLAIN
+    fallback.close()
+
+
+# -- paths never leave the sandbox -------------------------------------------
+
+
+def test_symlink_to_a_host_file_is_neither_read_nor_written(sandbox: LocalSandbox) -> None:
+    before = Path("/etc/passwd").read_bytes()
+    assert sandbox.exec("ln -s /etc/passwd leak").ok
+    with pytest.raises(PathEscape):
+        sandbox.read_file("leak")
+    with pytest.raises(PathEscape):
+        sandbox.write_file("/workspace/leak", b"owned\n")
+    with pytest.raises(PathEscape):
+        sandbox.list_files("leak")
+    assert Path("/etc/passwd").read_bytes() == before
+    assert not (sandbox.root / "etc" / "passwd").exists()  # nor created inside instead
+
+
+def test_intermediate_directory_symlink_escape_is_refused(sandbox: LocalSandbox) -> None:
+    name = f"agentenv-escape-{secrets.token_hex(4)}"
+    assert sandbox.exec("ln -s /etc etcdir && ln -s ../../../../../../../../.. up").ok
+    for path in ("etcdir/passwd", "up/etc/passwd", "/workspace/up/etc/hostname"):
+        with pytest.raises(PathEscape):
+            sandbox.read_file(path)
+    for path in (f"etcdir/{name}", f"up/tmp/{name}", f"etcdir/sub/{name}"):
+        with pytest.raises(PathEscape):
+            sandbox.write_file(path, b"x")
+    with pytest.raises(PathEscape):
+        sandbox.list_files("etcdir", recursive=True)
+    assert not Path("/etc", name).exists() and not Path("/tmp", name).exists() and not Path("/etc/sub").exists()
+
+
+@pytest.mark.parametrize("path", ["/../etc/passwd", "../../../../etc/passwd", "/workspace/../../etc/passwd"])
+def test_dotdot_above_the_root_is_refused(sandbox: LocalSandbox, path: str) -> None:
+    with pytest.raises(PathEscape):
+        sandbox.read_file(path)
+    with pytest.raises(PathEscape):
+        sandbox.write_file(path, b"x")
+
+
+def test_links_and_dotdot_inside_the_sandbox_work(sandbox: LocalSandbox) -> None:
+    sandbox.write_file("real.txt", b"real")
+    assert sandbox.exec("ln -s real.txt rel && ln -s /workspace/real.txt abs && ln -s /workspace ws").ok
+    assert sandbox.read_file("rel") == sandbox.read_file("abs") == sandbox.read_file("ws/real.txt") == b"real"
+    assert sandbox.read_file("/workspace/../workspace/./real.txt") == b"real"
+    sandbox.write_file("rel", b"through")  # like `echo > rel`: the target changes, the link stays
+    assert sandbox.read_file("real.txt") == b"through"
+    assert os.path.islink(sandbox.root / "workspace" / "rel")
+
+
+def test_a_fifo_is_refused_not_waited_on(backend: LocalBackend, sandbox: LocalSandbox) -> None:
+    assert sandbox.exec("mkfifo pipe && echo kept > file").ok
+    start = time.monotonic()
+    with pytest.raises(SpecError, match="not a regular file"):
+        sandbox.read_file("pipe")
+    restored = backend.restore(sandbox.snapshot())  # a snapshot neither blocks on it nor keeps it
+    assert time.monotonic() - start < 5
+    assert [e.path for e in restored.list_files("/workspace")] == ["/workspace/file"]
+    restored.close()
+
+
+def test_snapshots_keep_symlinks_as_links(backend: LocalBackend, sandbox: LocalSandbox) -> None:
+    assert sandbox.exec("ln -s /etc/passwd leak").ok
+    restored = backend.restore(sandbox.snapshot())
+    try:
+        assert os.readlink(restored.root / "workspace" / "leak") == "/etc/passwd"
+        with pytest.raises(PathEscape):
+            restored.read_file("leak")
+    finally:
+        restored.close()
+
+
+def test_os_permission_errors_become_sandbox_permission_error(
+    sandbox: LocalSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sandbox.write_file("secret.txt", b"s")
+    real_open = os.open
+
+    def deny(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if path == "secret.txt":  # root bypasses file modes, so the kernel's answer is simulated
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", deny)
+    with pytest.raises(SandboxPermissionError):
+        sandbox.read_file("secret.txt")
+
+
+# -- processes ---------------------------------------------------------------
+
+
+def test_timeout_kills_a_child_that_left_the_process_group(sandbox: LocalSandbox) -> None:
+    token = _token()
+    result = sandbox.exec(f"setsid sleep {token} & sleep {token}", timeout=1)
+    assert result.timed_out
+    deadline = time.monotonic() + 3
+    while _host_pids_with(f"sleep\0{token}".encode()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _host_pids_with(f"sleep\0{token}".encode()) == []
+
+
+def test_background_processes_end_by_close_at_the_latest(backend: LocalBackend) -> None:
+    sandbox = backend.create(SPEC)
+    token = _token()
+    assert sandbox.exec(f"sleep {token} &").ok
+    alive = _host_pids_with(f"sleep\0{token}".encode())
+    # under bubblewrap the pid namespace ends with the command; plain mode keeps them until close
+    assert (alive == []) if backend.use_bwrap else (len(alive) == 1)
+    sandbox.close()
+    assert _host_pids_with(f"sleep\0{token}".encode()) == []
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) is not installed")
+def test_memory_limit_is_an_address_space_rlimit(backend: LocalBackend) -> None:
+    sandbox = backend.create(SandboxSpec(image="x", memory_mb=128))
+    try:
+        result = sandbox.exec(["python3", "-c", "b = bytearray(512 * 2**20)"], timeout=30)
+        assert result.exit_code == 1 and "MemoryError" in result.stderr
+        assert not result.oom_killed  # documented: allocations fail, nothing is OOM-killed
+    finally:
+        sandbox.close()
+
+
+def test_undecodable_output_is_replaced_not_raised(sandbox: LocalSandbox) -> None:
+    assert sandbox.exec(["printf", "\\377ok"]).stdout == "\ufffdok"
+
+
+# -- what each mode exposes ----------------------------------------------------
+
+
+@pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot create namespaces on this host")
+def test_bwrap_hides_the_host_and_the_network(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path / "root", use_bwrap=True)
+    sandbox = backend.create(SPEC)
+    networked = backend.create(SandboxSpec(image="x", network=True))
+    try:
+        assert sandbox.exec("test -e /etc/passwd || test -e /work || test -e /root").exit_code == 1
+        assert sandbox.exec(["test", "-e", str(tmp_path)]).exit_code == 1
+        interfaces = sandbox.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '").stdout.split()
+        assert interfaces == ["lo"]
+        assert len(networked.exec("tail -n +3 /proc/net/dev").stdout.splitlines()) == len(
+            Path("/proc/net/dev").read_text().splitlines()[2:]
+        )
+        assert int(sandbox.exec("ls /proc | grep -c '^[0-9]'").stdout) < 10  # own pid namespace
+        assert sandbox.exec("mkdir /newdir").exit_code != 0  # root is read-only outside the sandbox's dirs
+        assert sandbox.exec("touch /usr/agentenv-x").exit_code != 0
+        assert sandbox.exec("echo ok > /tmp/t && cat /tmp/t && echo $HOME").stdout == "ok\n/home/agent\n"
+    finally:
+        backend.close()
+
+
+def test_plain_mode_exposes_the_host(tmp_path: Path) -> None:
+    """Pins the documented limitation: plain subprocesses see the host."""
+    backend = LocalBackend(tmp_path / "root", use_bwrap=False)
+    try:
+        sandbox = backend.create(SPEC)
+        assert sandbox.exec("test -r /etc/passwd").ok
+        assert sandbox.exec("pwd").stdout.strip() == str(sandbox.root / "workspace")
+    finally:
+        backend.close()
+
+
+def test_bwrap_refuses_a_workdir_under_a_host_directory(backend: LocalBackend) -> None:
+    spec = SandboxSpec(image="x", workdir="/usr/src/app")
+    if backend.use_bwrap:
+        with pytest.raises(SpecError, match="workdir"):
+            backend.create(spec)
+    else:
+        sandbox = backend.create(spec)
+        assert sandbox.exec("ls").ok
+        sandbox.close()
+
+
+# -- snapshots and lifecycle -----------------------------------------------------
+
+
+def test_image_snapshots_outlive_the_backend_and_fast_ones_do_not(tmp_path: Path) -> None:
+    first = LocalBackend(tmp_path, use_bwrap=False)
+    sandbox = first.create(SPEC)
+    sandbox.write_file("a.txt", b"durable")
+    image = sandbox.snapshot(SnapshotKind.IMAGE, tag="my-env.v1")
+    fast = sandbox.snapshot(SnapshotKind.FAST)
+    first.close()
+
+    second = LocalBackend(tmp_path, use_bwrap=False)
+    try:
+        assert second.find_image("my-env.v1") == image
+        assert second.restore(image).read_file("a.txt") == b"durable"
+        with pytest.raises(SnapshotError, match="gone"):
+            second.restore(fast)
+        with pytest.raises(SnapshotError):
+            second.find_image("never-tagged")
+    finally:
+        second.close()
+
+
+def test_bad_tags_and_foreign_refs_are_refused(backend: LocalBackend, sandbox: LocalSandbox) -> None:
+    with pytest.raises(SpecError):
+        sandbox.snapshot(SnapshotKind.IMAGE, tag="../../escape")
+    foreign = sandbox.snapshot()
+    with pytest.raises(SnapshotError, match="docker"):
+        backend.restore(type(foreign)(**{**foreign.__dict__, "backend": "docker"}))
+    with pytest.raises(SpecError):
+        backend.fork(foreign, 0)
+
+
+def test_a_removed_directory_is_sandbox_lost(backend: LocalBackend) -> None:
+    sandbox = backend.create(SPEC)
+    shutil.rmtree(sandbox.root)
+    with pytest.raises(SandboxLost):
+        sandbox.exec("true")
+    sandbox.close()
+
+
+def test_close_removes_read_only_trees_and_the_run_directory(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path, use_bwrap=False)
+    sandbox = backend.create(SPEC)
+    assert sandbox.exec("mkdir -p ro/sub && touch ro/sub/f && chmod 555 ro/sub ro").ok
+    root = sandbox.root
+    backend.close()
+    assert not root.exists() and not backend.run_dir.exists()
+    with pytest.raises(SandboxLost):
+        backend.create(SPEC)
