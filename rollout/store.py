@@ -284,8 +284,13 @@ class TrajectoryStore:
         t = trajectory
         with self.engine.begin() as conn:
             self._ensure_run(conn, t.run_id)
-            stmt = self._insert(_EPS).values(**_episode_values(t)).on_conflict_do_nothing(index_elements=["episode_id"])
-            inserted = conn.execute(stmt).rowcount == 1
+            stmt = (
+                self._insert(_EPS)
+                .values(**_episode_values(t))
+                .on_conflict_do_nothing(index_elements=["episode_id"])
+                .returning(_EPS.c.episode_id)  # a row only if this insert won; rowcount is unreliable across drivers
+            )
+            inserted = conn.execute(stmt).first() is not None
             if inserted and t.samples:
                 conn.execute(_SAMPLES.insert(), [_sample_values(t.episode_id, i, s) for i, s in enumerate(t.samples)])
         self._known_runs.add(t.run_id)
