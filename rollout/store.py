@@ -3,9 +3,9 @@
 Why a database and not files: many workers write at once, the learner reads
 complete groups while rollouts are still running, and a retried episode must
 never be counted twice. Writes are idempotent by ``episode_id`` through
-``INSERT ... ON CONFLICT DO NOTHING``, so two workers racing on one id (a
-worker restarted after it had already written) leave exactly one row, and the
-loser learns it lost (``put`` returns False).
+``INSERT ... ON CONFLICT DO NOTHING RETURNING`` (SQLite >= 3.35), so two workers
+racing on one id (a worker restarted after it had already written) leave
+exactly one row, and the loser learns it lost (``put`` returns False).
 
 Backends: SQLite (the default, ``runs/agentenv.db``, WAL mode so readers never
 block the writer) for one machine; PostgreSQL by URL
@@ -37,9 +37,10 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from sqlalchemy import JSON, BigInteger, ColumnElement, DateTime, Float, ForeignKey, Index, Integer
-from sqlalchemy import LargeBinary, String, Table, Text, create_engine, event, make_url, select
+from sqlalchemy import LargeBinary, String, Table, Text, create_engine, event, make_url, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine, RowMapping
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from rollout.types import TRAINABLE, Sample, Status, Timings, Trajectory, Turn
@@ -48,6 +49,7 @@ __all__ = ["DEFAULT_URL", "Base", "Metric", "TrajectoryStore"]
 
 DEFAULT_URL = "sqlite:///runs/agentenv.db"
 _SQLITE_BUSY_MS = 30_000
+_SCHEMA_LOCK_KEY = 0x6167656E  # "agen": any constant shared by every process creating this schema
 _IN_CHUNK = 500  # ids per IN (...) clause, far under SQLite's variable limit
 
 # ---------------------------------------------------------------- schema
@@ -232,6 +234,21 @@ def _engine(url: str) -> Engine:
     return create_engine(sa_url, pool_pre_ping=True)
 
 
+def _create_tables(engine: Engine) -> None:
+    """Create missing tables. Many workers may open a fresh database at once, and
+    check-then-create is not atomic, so PostgreSQL serialises it on an advisory
+    lock and SQLite (whose writers already serialise) retries a lost race once."""
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
+            Base.metadata.create_all(conn)
+        return
+    try:
+        Base.metadata.create_all(engine)
+    except OperationalError:
+        Base.metadata.create_all(engine)
+
+
 StatusFilter = Status | str | Sequence[Status | str] | None
 
 
@@ -246,7 +263,7 @@ class TrajectoryStore:
     def __init__(self, url: str | None = None) -> None:
         self.url = url or DEFAULT_URL
         self.engine = _engine(self.url)
-        Base.metadata.create_all(self.engine)
+        _create_tables(self.engine)
         self._known_runs: set[str] = set()
         dialect = self.engine.dialect.name
         self._insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
@@ -374,8 +391,8 @@ class TrajectoryStore:
         )
         members: dict[tuple[str, int], list[tuple[int, str]]] = {}
         with self.engine.connect() as conn:
-            for pos, (episode_id, task, seed) in enumerate(conn.execute(stmt)):
-                members.setdefault((task, seed), []).append((pos, episode_id))
+            for pos, row in enumerate(conn.execute(stmt)):
+                members.setdefault((str(row.task_id), int(row.seed)), []).append((pos, str(row.episode_id)))
             complete = sorted((m[:size] for m in members.values() if len(m) >= size), key=lambda m: m[-1][0])
             complete = complete[:limit] if limit is not None else complete
             ids = [eid for m in complete for _, eid in m]

@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,6 +108,28 @@ def store(pg_url: str) -> Iterator[TrajectoryStore]:
     yield s
     Base.metadata.drop_all(s.engine)  # every test starts from empty tables
     s.close()
+
+
+def test_workers_opening_a_fresh_database_at_once(pg_url: str) -> None:
+    first = TrajectoryStore(pg_url)
+    Base.metadata.drop_all(first.engine)
+    errors: list[BaseException] = []
+
+    def open_store() -> None:
+        try:
+            TrajectoryStore(pg_url).close()
+        except BaseException as exc:  # noqa: BLE001 - reported by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert errors == []
+    assert first.put(make("after-race"))
+    Base.metadata.drop_all(first.engine)
+    first.close()
 
 
 def test_postgres_dialect_and_compact_arrays(store: TrajectoryStore) -> None:
