@@ -56,27 +56,27 @@ _IN_CHUNK = 500  # ids per IN (...) clause, far under SQLite's variable limit
 
 
 class Base(DeclarativeBase):
-    pass
+    """Strings are unbounded (``VARCHAR`` / ``TEXT``) so an id valid on SQLite is valid on PostgreSQL."""
 
 
 class RunRow(Base):
     __tablename__ = "runs"
-    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
 class EpisodeRow(Base):
     __tablename__ = "episodes"
-    episode_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    episode_id: Mapped[str] = mapped_column(String(), primary_key=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id", ondelete="CASCADE"))
-    task_id: Mapped[str] = mapped_column(String(256))
-    domain: Mapped[str] = mapped_column(String(32))
+    task_id: Mapped[str] = mapped_column(String())
+    domain: Mapped[str] = mapped_column(String())
     seed: Mapped[int] = mapped_column(BigInteger)
-    harness: Mapped[str] = mapped_column(String(64))
-    effort: Mapped[str] = mapped_column(String(32))
+    harness: Mapped[str] = mapped_column(String())
+    effort: Mapped[str] = mapped_column(String())
     policy_version: Mapped[int] = mapped_column(BigInteger)
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String())
     error: Mapped[str] = mapped_column(Text)
     reward: Mapped[float] = mapped_column(Float)
     verifier: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -116,7 +116,7 @@ class MetricRow(Base):
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id", ondelete="CASCADE"))
     step: Mapped[int] = mapped_column(BigInteger)
-    name: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String())
     value: Mapped[float] = mapped_column(Float)
     tags: Mapped[dict[str, str]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
