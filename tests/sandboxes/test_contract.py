@@ -8,6 +8,7 @@ absolute sandbox paths, which every backend maps.
 from __future__ import annotations
 
 import json
+import pickle
 import secrets
 import time
 from collections.abc import Callable
@@ -30,6 +31,11 @@ def _ok(result: ExecResult) -> ExecResult:
 
 
 # -- exec -------------------------------------------------------------------
+
+
+def test_backend_and_sandbox_satisfy_the_protocols(backend: SandboxBackend, sandbox: Sandbox) -> None:
+    assert isinstance(backend, SandboxBackend) and isinstance(sandbox, Sandbox)
+    assert backend.name in ("local", "docker")
 
 
 def test_exec_shell_string_gives_stdout_stderr_and_exit_code(sandbox: Sandbox) -> None:
@@ -247,7 +253,7 @@ def test_snapshot_ref_round_trips_json_and_still_restores(backend: SandboxBacken
     sandbox.write_file(_w(sandbox, "f.txt"), b"json")
     ref = sandbox.snapshot()
     again = SnapshotRef.from_dict(json.loads(json.dumps(ref.to_dict())))
-    assert again == ref
+    assert again == ref == pickle.loads(pickle.dumps(ref))
     restored = backend.restore(again)
     try:
         assert restored.read_file(_w(restored, "f.txt")) == b"json"
