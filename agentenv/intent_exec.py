@@ -114,7 +114,8 @@ class IntentExecutor:
             return IntentResult(intent, ok=False, error=f"file not found: {exc}")
         except SandboxError as exc:
             return IntentResult(intent, ok=False, error=f"{type(exc).__name__}: {exc}")
-        except (UnicodeError, OSError) as exc:
+        except (UnicodeError, OSError, ValueError) as exc:
+            # e.g. a NUL byte or a lone surrogate in a command: the model's input, not our failure
             return IntentResult(intent, ok=False, error=f"{type(exc).__name__}: {exc}")
 
     def _path(self, path: str, base: str | None = None) -> str:

@@ -193,6 +193,20 @@ def _find(haystack: Sequence[str], needle: Sequence[str], start: int, at_end: bo
     return -1
 
 
+def _merge(h: Hunk, matched: Sequence[str]) -> list[str]:
+    """The hunk's new lines, with context lines taken from the file (a fuzzy match keeps the file's whitespace)."""
+    out: list[str] = []
+    i = 0
+    for kind, text in h.lines:
+        if kind == " ":
+            out.append(matched[i] if i < len(matched) else text)
+        elif kind == "+":
+            out.append(text)
+        if kind in " -":
+            i += 1
+    return out
+
+
 def apply_hunks(path: str, original: str, hunks: Sequence[Hunk]) -> str:
     """New text of ``path`` after ``hunks``; ``PatchError`` names the hunk that did not match."""
     had_newline = original.endswith("\n") or original == ""
@@ -218,7 +232,7 @@ def apply_hunks(path: str, original: str, hunks: Sequence[Hunk]) -> str:
                 f"{path}: hunk at patch line {h.patch_line} does not match the file; "
                 f"these lines were not found{' at the end of the file' if h.end_of_file else ''}:\n{shown}"
             )
-        edits.append((pos, len(old), h.new))
+        edits.append((pos, len(old), _merge(h, lines[pos : pos + len(old)])))
         cursor = pos + len(old)
     for pos, n, new in reversed(edits):
         lines[pos : pos + n] = new

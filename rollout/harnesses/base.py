@@ -73,13 +73,13 @@ def check_schema(value: Any, schema: Mapping[str, Any], where: str = "arguments"
             return f"{where} must be <= {schema['maximum']}, got {value}"
     if isinstance(value, Mapping):
         props: Mapping[str, Any] = schema.get("properties", {})
+        extra = sorted(str(k) for k in value if k not in props) if schema.get("additionalProperties") is False else []
         for key in schema.get("required", ()):
             if key not in value:
-                return f"missing required argument {key!r}" if where == "arguments" else f"{where}: missing {key!r}"
-        if schema.get("additionalProperties") is False:
-            extra = sorted(str(k) for k in value if k not in props)
-            if extra:
-                return f"unexpected argument {extra[0]!r} (expected: {', '.join(props)})"
+                msg = f"missing required argument {key!r}" if where == "arguments" else f"{where}: missing {key!r}"
+                return msg + (f" (got unexpected {extra[0]!r})" if extra else "")
+        if extra:
+            return f"unexpected argument {extra[0]!r} (expected: {', '.join(props)})"
         for key, sub in props.items():
             if key in value and not (value[key] is None and key not in schema.get("required", ())):
                 problem = check_schema(value[key], sub, key if where == "arguments" else f"{where}.{key}")
@@ -206,8 +206,8 @@ class BaseHarness:
             return ParseError(f"{tool.name}: {problem}", call_id=call.call_id)
         try:
             mapped = tool.to_intent(call.arguments)
-        except (KeyError, TypeError, ValueError) as exc:
-            return ParseError(f"{tool.name}: invalid arguments ({exc})", call_id=call.call_id)
+        except Exception as exc:  # noqa: BLE001 - a tool table bug must not crash a worker either
+            return ParseError(f"{tool.name}: invalid arguments ({type(exc).__name__}: {exc})", call_id=call.call_id)
         if isinstance(mapped, str):
             return ParseError(f"{tool.name}: {mapped}", call_id=call.call_id)
         return Intent(mapped.name, mapped.args, call_id=call.call_id, tool=tool.name)
