@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(debootstrap bubblewrap tmux)
+APT_PACKAGES=(debootstrap bubblewrap tmux postgresql)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -32,7 +32,7 @@ want=$(sha256sum pyproject.toml | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing the project into .venv"
   .venv/bin/pip install -q -U pip
-  .venv/bin/pip install -q -e ".[dev]"
+  .venv/bin/pip install -q -e ".[dev,store]"
   echo "$want" > "$stamp"
 fi
 
