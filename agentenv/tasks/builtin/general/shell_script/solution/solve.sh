@@ -1,0 +1,5 @@
+cat > /workspace/{{ script }} <<'SH'
+#!/bin/sh
+grep -c -- '{{ word }}' "$1" || true
+SH
+chmod +x /workspace/{{ script }}
