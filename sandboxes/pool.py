@@ -281,16 +281,20 @@ class SandboxPool:
         self._refill()
 
     def _sweep_leftovers(self) -> None:
-        sweep = getattr(self.backend, "sweep_run", None)
-        if sweep is None:
-            return
+        """Remove this run's containers whose owner died (a crashed earlier worker of the run)."""
+        client = getattr(self.backend, "client", None)
+        run_id = getattr(self.backend, "run_id", None)
+        if client is None or run_id is None:
+            return  # not a Docker backend: nothing labelled to sweep
+        from sandboxes.reaper import gc
+
         try:
-            removed = sweep()
+            removed = gc(client, run_id=run_id)
         except SandboxError as exc:
-            log.warning("pool could not sweep leftovers: %s", exc)
+            log.warning("pool could not sweep leftovers of run %s: %s", run_id, exc)
             return
         if removed:
-            log.info("pool swept %d leftover sandboxes of this run", len(removed))
+            log.info("pool swept %d leftover sandboxes of run %s", len(removed), run_id)
 
 
 def _close_quietly(sandbox: Sandbox) -> None:
