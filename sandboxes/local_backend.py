@@ -73,7 +73,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sandboxes.errors import SandboxError, SandboxFileNotFound, SandboxLost, SnapshotError, SpecError
-from sandboxes.labels import current_run_id
+from sandboxes.labels import Owner, current_run_id
 from sandboxes.local_exec import (
     MARKER_VAR,
     RESERVED_TOP,
@@ -110,6 +110,10 @@ ISOLATION_PLAIN = (
     "marked children, RLIMIT_AS per process and RLIMIT_FSIZE per file. NOT enforced: spec.pids, spec.cpus, "
     "spec.tmpfs_mb, spec.user, spec.network=False."
 )
+
+
+def _split_path(path: str) -> list[str]:
+    return [p for p in path.split("/") if p]
 
 
 def default_root() -> Path:
@@ -169,9 +173,10 @@ class LocalSandbox:
             raise SpecError(f"sandbox {self._id}: stdin must be bytes, got {type(stdin).__name__}")
         parts = self._fs.resolve(cwd or self._spec.workdir)
         host_cwd = self._fs.host(parts)
-        if not os.path.isdir(host_cwd):
-            raise SandboxFileNotFound(f"sandbox {self._id}: cwd {cwd!r} is not a directory in the sandbox")
         bwrap = self._backend.use_bwrap
+        # under bwrap a cwd in a host system directory (/usr/lib) exists only inside: bwrap checks it
+        if not (bwrap and parts and parts[0] in RESERVED_TOP) and not os.path.isdir(host_cwd):
+            raise SandboxFileNotFound(f"sandbox {self._id}: cwd {cwd!r} is not a directory in the sandbox")
         prefix: list[str] = []
         if bwrap:
             prefix = bwrap_argv(
@@ -185,8 +190,8 @@ class LocalSandbox:
             file_size=self._spec.disk_mb * _MIB if self._spec.disk_mb is not None else None,
         )
         try:
-            return run_bounded(
-                [*limits.argv(), *prefix, *argv],
+            return run_bounded(  # prlimit inside bwrap: a missing program then exits 127 in both modes
+                [*prefix, *limits.argv(inside_bwrap=bwrap), *argv],
                 cwd=str(self._fs.root) if bwrap else host_cwd,
                 env=self._env(env),
                 stdin=bytes(stdin) if stdin is not None else None,
@@ -268,8 +273,8 @@ class LocalSandbox:
         return sorted(names)
 
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
-        def inside(path: str) -> str:
-            return path if self._backend.use_bwrap else self._fs.host(self._fs.resolve(path))
+        def inside(path: str) -> str:  # plain mode runs with host rights: no need to confine these
+            return path if self._backend.use_bwrap else self._fs.host(_split_path(path))
 
         env = {"PATH": _PATH, "LANG": "C.UTF-8", "HOME": inside("/home/agent"), "TMPDIR": inside("/tmp")}
         env.update(self._spec.env)
@@ -288,7 +293,7 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, root: Path | None = None, *, use_bwrap: bool | None = None) -> None:
-        works = bwrap_works()
+        works = use_bwrap is not False and bwrap_works()
         if use_bwrap and not works:
             raise SpecError("use_bwrap=True but bubblewrap cannot create namespaces on this host")
         self.use_bwrap: bool = works if use_bwrap is None else use_bwrap
@@ -300,6 +305,8 @@ class LocalBackend:
         self.images_dir = self.root / "images"
         for d in (self.sandboxes_dir, self.snapshots_dir, self.images_dir / "tags"):
             d.mkdir(parents=True, exist_ok=True)
+        me = Owner.me()
+        (self.run_dir / "owner.json").write_text(json.dumps({"host": me.host, "pid": me.pid, "start": me.start}))
         self._lock = threading.Lock()
         self._live: dict[str, LocalSandbox] = {}
         self._closed = False
@@ -341,6 +348,28 @@ class LocalBackend:
             return SnapshotRef.from_dict(json.loads((self.images_dir / snap_id / "ref.json").read_text()))
         except (OSError, ValueError) as exc:
             raise SnapshotError(f"no local image tagged {tag!r} under {self.images_dir}") from exc
+
+    @classmethod
+    def reap(cls, root: Path | None = None) -> int:
+        """Remove run directories (and kill marked processes) of dead processes on this host.
+
+        The local counterpart of the Docker reaper: a process that crashed
+        without ``close()`` leaves ``<root>/runs/<run>``. Returns how many were removed.
+        """
+        removed = 0
+        runs = (Path(root) if root is not None else default_root()) / "runs"
+        for run in sorted(runs.iterdir()) if runs.is_dir() else []:
+            try:
+                owner = Owner(**json.loads((run / "owner.json").read_text()))
+            except (OSError, ValueError, TypeError):
+                continue  # being created, or not ours
+            if owner.is_alive() is not False:
+                continue
+            for sandbox in (run / "sandboxes").glob("local-*"):
+                kill_marked(sandbox.name)
+            remove_tree(run)
+            removed += 1
+        return removed
 
     def close(self) -> None:
         with self._lock:

@@ -60,9 +60,10 @@ class Limits:
     address_space: int | None = None
     file_size: int | None = None
 
-    def argv(self) -> list[str]:
-        prlimit = shutil.which("prlimit")
-        if prlimit is None:
+    def argv(self, *, inside_bwrap: bool) -> list[str]:
+        """The ``prlimit`` prefix, or nothing where prlimit is missing (or not visible to bwrap)."""
+        prlimit = _which("prlimit")
+        if prlimit is None or (inside_bwrap and prlimit.split("/")[1] not in SYSTEM_DIRS):
             return []
         opts = ["--core=0"]
         if self.address_space is not None:
@@ -72,7 +73,13 @@ class Limits:
         return [prlimit, *opts, "--"]
 
 
-def _system_binds() -> list[str]:
+@functools.cache
+def _which(program: str) -> str | None:
+    return shutil.which(program)
+
+
+@functools.cache
+def _system_binds() -> tuple[str, ...]:
     args: list[str] = []
     for name in SYSTEM_DIRS:
         host = "/" + name
@@ -80,7 +87,7 @@ def _system_binds() -> list[str]:
             args += ["--symlink", os.readlink(host), host]
         elif os.path.isdir(host):
             args += ["--ro-bind", host, host]
-    return args
+    return tuple(args)
 
 
 def bwrap_argv(
@@ -99,7 +106,7 @@ def bwrap_argv(
     directories read-only over it. A write outside those bound entries fails
     with EROFS instead of silently vanishing at the end of the command.
     """
-    bwrap = shutil.which("bwrap") or "bwrap"
+    bwrap = _which("bwrap") or "bwrap"
     args = [
         bwrap,
         "--unshare-user",
@@ -134,7 +141,7 @@ def bwrap_works() -> bool:
     It fails inside many containers (no unprivileged user namespaces, seccomp),
     so the answer is measured, not assumed from ``which bwrap``.
     """
-    if shutil.which("bwrap") is None or not os.path.isdir("/usr"):
+    if _which("bwrap") is None or not os.path.isdir("/usr"):
         return False
     probe = bwrap_argv(fs_root="/nonexistent", top_entries=(), chdir="/", network=False)
     try:

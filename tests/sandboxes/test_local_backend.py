@@ -306,3 +306,21 @@ def test_close_removes_read_only_trees_and_the_run_directory(tmp_path: Path) -> 
     assert not root.exists() and not backend.run_dir.exists()
     with pytest.raises(SandboxLost):
         backend.create(SPEC)
+
+
+def test_a_missing_program_exits_127(sandbox: LocalSandbox) -> None:
+    result = sandbox.exec(["agentenv-no-such-program"])
+    assert result.exit_code == 127 and "agentenv-no-such-program" in result.stderr
+
+
+def test_reap_removes_runs_of_dead_owners_only(tmp_path: Path) -> None:
+    live = LocalBackend(tmp_path, use_bwrap=False)
+    crashed = LocalBackend(tmp_path, use_bwrap=False)
+    crashed.create(SPEC)
+    # what a crash leaves: the owner is gone (an impossible start time stands in for a dead pid)
+    owner = crashed.run_dir / "owner.json"
+    owner.write_text(owner.read_text().replace('"start": "', '"start": "dead-'))
+    assert LocalBackend.reap(tmp_path) == 1
+    assert not crashed.run_dir.exists() and live.run_dir.exists()
+    assert LocalBackend.reap(tmp_path) == 0
+    live.close()
