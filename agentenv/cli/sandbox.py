@@ -69,8 +69,8 @@ def bench(
     with console.status("benchmarking") as status:
         rows = run_bench(quick=quick, json_path=json_path, progress=lambda msg: status.update(msg))
     table = Table(title="sandbox hot paths: ours vs plain docker SDK (ms)")
-    for col in ("metric", "ours p50", "ours p95", "baseline p50", "baseline p95", "ratio", "target", "n", "note"):
-        table.add_column(col)
+    for col in ("metric", "ours p50", "ours p95", "base p50", "base p95", "ratio", "target", "n"):
+        table.add_column(col, no_wrap=True)
     failed = []
     for name, r in rows.items():
         ratio, target = r["ratio"], r["target"]
@@ -86,9 +86,10 @@ def bench(
             "-" if ratio is None else f"{'[green]' if ok else '[red]'}{ratio:.3f}[/]",
             "-" if target is None else f"<= {target}",
             str(r["n"]),
-            str(r["note"]),
         )
     console.print(table)
+    for name, r in rows.items():
+        console.print(f"  {name}: {r['note']}")
     if failed:
         console.print(f"[red]missed target: {', '.join(failed)}[/]")
         raise typer.Exit(1)
