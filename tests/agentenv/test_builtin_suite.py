@@ -10,27 +10,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+import agentenv.tasks.builtin as builtin_pkg
 from agentenv.grading import grade_episode
 from agentenv.registry import default_registry
-from agentenv.types import Domain, Episode, Task
+from agentenv.task import FolderTask
+from agentenv.types import Domain, Episode
 
 SEEDS = (0, 1)
 
 
-def builtin_tasks() -> list[Task]:
-    registry = default_registry()
-    return [registry.get(entry).factory() if hasattr(registry, "get") else entry for entry in []] or _folder_tasks()
-
-
-def _folder_tasks() -> list[Task]:
-    from pathlib import Path
-
-    from agentenv.task import FolderTask
-    import agentenv.tasks.builtin as builtin_pkg
-
+def _folder_tasks() -> list[FolderTask]:
     root = Path(builtin_pkg.__path__[0])
     return [FolderTask.load(p.parent) for p in sorted(root.glob("*/*/task.yaml"))]
 
@@ -44,15 +37,13 @@ def test_suite_covers_every_domain_three_times() -> None:
     for task in TASKS.values():
         by_domain[task.domain] = by_domain.get(task.domain, 0) + 1
     assert all(by_domain.get(d, 0) >= 3 for d in Domain), by_domain
-    tags = {tag for task in TASKS.values() for tag in task.spec.tags}  # type: ignore[attr-defined]
+    tags = {tag for task in TASKS.values() for tag in task.spec.tags}
     assert {"quickstart", "long_horizon"} <= tags
 
 
 @pytest.mark.unit
 def test_every_builtin_is_registered() -> None:
-    registered = {entry.id for entry in default_registry().entries()} if hasattr(default_registry(), "entries") else None
-    if registered is not None:
-        assert set(TASKS) <= registered
+    assert set(TASKS) <= set(default_registry().ids())
 
 
 @pytest.mark.unit
