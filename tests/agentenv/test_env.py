@@ -69,7 +69,7 @@ def test_submit_right_answer_earns_full_reward(env: TaskEnv) -> None:
     assert reward == 0.0 and not terminated
     n = obs.strip()
     _, reward, terminated, truncated, info = env.step(call("submit", answer=n))
-    assert terminated and not truncated and reward == 1.0
+    assert terminated and not truncated and reward == 1.0, info
     assert info["verifier"]["passed"] and info["status"] == "submitted"
     with pytest.raises(EpisodeStateError):
         env.step(call("sh", command="true"))
