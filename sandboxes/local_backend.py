@@ -32,7 +32,9 @@ What this backend does NOT isolate or enforce, in either mode:
 * users: ``spec.user`` is recorded, not applied; commands run as the host user
   (mapped to uid 0 inside bubblewrap, without capabilities);
 * ``spec.runtime`` and ``spec.image`` are recorded only: there is no image, the
-  host's own tools in ``/usr`` are what a command runs.
+  host's own tools in ``/usr`` are what a command runs;
+* under bubblewrap, files that ``write_file`` puts under ``/etc``, ``/usr``,
+  ``/bin``, ``/lib*``, ``/sbin`` are not seen by commands (those are the host's).
 
 And without bubblewrap, additionally: the whole host file system is readable
 and writable with the host user's rights (absolute paths in commands are host
