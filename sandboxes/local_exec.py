@@ -102,8 +102,8 @@ def bwrap_argv(
 
     The sandbox's root is a read-only tmpfs; each real top-level directory or
     file of ``fs_root`` (``top_entries``, already checked not to be symlinks or
-    reserved names) is bound read-write at ``/<name>``, the host's system
-    directories read-only over it. A write outside those bound entries fails
+    reserved names) is bound read-write at ``/<name>``, next to the host's
+    system directories bound read-only. A write outside those entries fails
     with EROFS instead of silently vanishing at the end of the command.
     """
     bwrap = _which("bwrap") or "bwrap"
