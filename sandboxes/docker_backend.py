@@ -24,6 +24,7 @@ anything the chosen runtime itself allows.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import posixpath
 import secrets
@@ -48,7 +49,7 @@ from sandboxes.errors import (
     SandboxError,
     SandboxLost,
     SandboxTimeout,
-    SnapshotError,
+    SpecError,
 )
 from sandboxes.types import DEFAULT_EXEC_TIMEOUT_S, ExecResult, FileEntry, SandboxSpec, SnapshotKind, SnapshotRef
 
@@ -218,8 +219,6 @@ class DockerSandbox:
         path = self.resolve(path)
         if self._plain is not None:
             return self._plain.list_files(path, recursive=recursive)
-        import json
-
         _, body = self.agent_call({"op": "list_files", "path": path, "recursive": recursive}, timeout=FILE_TIMEOUT_S)
         return [FileEntry(**e) for e in json.loads(body)]
 
@@ -348,8 +347,6 @@ class DockerBackend:
     def fork(self, ref: SnapshotRef, n: int) -> list[DockerSandbox]:
         """``n`` independent sandboxes at ``ref`` (started in parallel)."""
         if n < 1:
-            from sandboxes.errors import SpecError
-
             raise SpecError(f"fork: n must be >= 1, got {n}")
         with ThreadPoolExecutor(max_workers=min(n, 4)) as pool:
             futures = [pool.submit(self.restore, ref) for _ in range(n)]

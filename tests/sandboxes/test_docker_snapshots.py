@@ -143,22 +143,29 @@ def test_image_snapshot_restores_files_and_config(backend: DockerBackend, spec: 
 def tiny_image(docker_client: docker.DockerClient, base_image: str) -> Iterator[str]:
     """A few-file image (sh, coreutils, libc; no python3): commits of it are cheap."""
     script = (
-        "import os, sys, tarfile\n"
+        "import os, tarfile\n"
         "files = ['/usr/bin/' + n for n in ('dash', 'sleep', 'cat', 'mkdir', 'chmod', 'dirname', 'timeout', 'find', 'stat', 'ls')]\n"
-        "files += ['/lib/x86_64-linux-gnu/' + n for n in ('libc.so.6', 'libpcre2-8.so.0', 'libselinux.so.1')]\n"
-        "files += ['/lib64/ld-linux-x86-64.so.2']\n"
-        "with tarfile.open(fileobj=sys.stdout.buffer, mode='w|') as t:\n"
-        "    for link in ('bin', 'lib', 'lib64', 'sbin'):\n"
-        "        t.add('/' + link, arcname=link)\n"
-        "    for d in ('etc', 'tmp', 'workspace'):\n"
+        "files += ['/usr/lib/x86_64-linux-gnu/' + n for n in ('libc.so.6', 'libm.so.6', 'libpcre2-8.so.0', 'libselinux.so.1')]\n"
+        "files += ['/usr/lib64/ld-linux-x86-64.so.2']\n"
+        "with tarfile.open('/rootfs.tar', 'w') as t:\n"
+        "    for d in ('bin', 'lib', 'lib64', 'sbin', 'etc', 'tmp', 'workspace'):\n"
         "        t.add('/' + d, arcname=d, recursive=False)\n"
         "    for f in files:\n"
-        "        t.add(os.path.realpath(f), arcname=os.path.realpath(f).lstrip('/'))\n"
-        "        if os.path.realpath(f) != f:\n"
-        "            t.add(f, arcname=f.lstrip('/').replace('bin/', 'usr/bin/', 1) if f.startswith('/bin') else f.lstrip('/'))\n"
+        "        real = os.path.realpath(f)\n"
+        "        t.add(real, arcname=real.lstrip('/'))\n"
+        "        if real != f:\n"
+        "            t.add(f, arcname=f.lstrip('/'))\n"
         "    t.add('/usr/bin/dash', arcname='usr/bin/sh')\n"
     )
-    data = docker_client.containers.run(base_image, ["python3", "-c", script], remove=True)
+    maker = docker_client.containers.run(base_image, ["python3", "-c", script], user="0", detach=True)
+    assert maker.wait(timeout=60)["StatusCode"] == 0, maker.logs()
+    stream, _ = maker.get_archive("/rootfs.tar")
+    raw = b"".join(stream)  # before remove: the daemon holds the container while it streams
+    maker.remove(force=True)
+    with tarfile.open(fileobj=io.BytesIO(raw)) as outer:
+        member = outer.extractfile("rootfs.tar")
+        assert member is not None
+        data = member.read()
     tag = f"agentenv-test-tiny:{uuid.uuid4().hex[:8]}"
     repo, _, version = tag.partition(":")
     docker_client.api.import_image_from_data(data, repository=repo, tag=version, changes=['CMD ["sh"]', "ENV PATH=/usr/bin:/bin"])
@@ -170,7 +177,7 @@ def tiny_image(docker_client: docker.DockerClient, base_image: str) -> Iterator[
 @pytest.mark.timeout(900)
 def test_image_lineage_of_200_cycles_is_rebased(backend: DockerBackend, tiny_image: str, docker_client: docker.DockerClient) -> None:
     cycles = 200
-    sb = backend.create(SandboxSpec(image=tiny_image, tmpfs_mb=0, memory_mb=64, pids=32))
+    sb = backend.create(SandboxSpec(image=tiny_image, user="1000", tmpfs_mb=0, memory_mb=64, pids=32))
     assert not sb.has_agent  # tiny image: plain exec path, which keeps commits cheap
     layers = []
     for i in range(cycles):
@@ -183,7 +190,7 @@ def test_image_lineage_of_200_cycles_is_rebased(backend: DockerBackend, tiny_ima
     assert ref.depth == cycles
     assert max(layers) < REBASE_AT
     assert any(later < earlier for earlier, later in zip(layers, layers[1:])), f"never rebased: {layers}"
-    names = [e.path.rsplit("/", 1)[1] for e in sb.list_files("/workspace")]
+    names = sb.exec("ls /workspace").stdout.split()
     assert names == [f"f{i:03d}" for i in range(cycles)]
     assert sb.read_file("f150") == b"150"
 
