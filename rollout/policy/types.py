@@ -1,0 +1,118 @@
+"""The policy contract: what the episode runner asks of a model.
+
+A policy turns a prompt (token ids for a local model, chat messages for a
+server that renders its own template) into one assistant turn: the sampled
+token ids, each sampled token's logprob (fp32, at the sampling temperature),
+the decoded text, why it stopped, and the weight version that produced it.
+The runner never needs to know which kind of policy it has.
+
+Three implementations live beside this module: ``HFPolicy`` (a local Hugging
+Face causal LM, CPU or GPU), ``OpenAIPolicy`` (any OpenAI-compatible server
+asked for token ids and logprobs: vLLM / SGLang in production, ``agentenv
+serve`` here) and ``ScriptedPolicy`` (replays a task's oracle, for tests and
+benchmarks without a model).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # hit a stop string / end-of-turn token
+    LENGTH = "length"  # max_new_tokens reached
+    BUDGET = "budget"  # the effort level's thinking budget closed the thinking
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one turn. ``stop`` strings end the turn (e.g. a harness's end-of-call marker)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ThinkingBudget:
+    """The effort level's thinking budget: after ``max_thinking_tokens`` inside
+    ``<think>`` the policy closes the thinking itself and the model must act."""
+
+    max_thinking_tokens: int
+    open_tag: str = "<think>"
+    close_tag: str = "</think>"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt in both forms; a policy uses the one it needs.
+
+    ``token_ids`` is the token-exact, append-only sequence from
+    ``rollout.harnesses.rendering.EpisodeRenderer`` (local models must use it);
+    ``messages``/``tools`` are the chat form for servers that template themselves.
+    """
+
+    token_ids: Sequence[int] = ()
+    messages: Sequence[Mapping[str, Any]] = ()
+    tools: Sequence[Mapping[str, Any]] = ()
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled assistant turn. ``len(token_ids) == len(logprobs)``."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    policy_version: int
+    tool_calls: tuple[Mapping[str, Any], ...] = ()  # OpenAI-style, when a server parsed them
+    thinking_tokens: int = 0
+    latency_s: float = 0.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"Generation: {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
+            )
+
+
+class PolicyError(RuntimeError):
+    """The policy could not produce a turn (server down after retries, bad response).
+
+    The episode runner turns it into a trajectory with status ``policy_error``.
+    """
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A model the episode runner samples from. ``version`` is the weight version now loaded."""
+
+    name: str
+
+    @property
+    def version(self) -> int: ...
+
+    async def generate(
+        self,
+        prompt: Prompt,
+        sampling: SamplingParams,
+        budget: ThinkingBudget | None = None,
+    ) -> Generation: ...
+
+
+__all__ = [
+    "FinishReason",
+    "Generation",
+    "Policy",
+    "PolicyError",
+    "Prompt",
+    "SamplingParams",
+    "ThinkingBudget",
+]
