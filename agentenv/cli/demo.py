@@ -72,6 +72,11 @@ def quickstart() -> None:
         img = step("durable snapshot (docker commit)", lambda: restored.snapshot(SnapshotKind.IMAGE), lambda r: r.location[:19])
         for s in [sb, restored, *forks]:
             pool.release(s)
+        from_image = step("new sandbox from the durable snapshot", lambda: backend.restore(img), lambda s: s.id)
+        step("tests in it", lambda: from_image.exec("python3 -m pytest -q", timeout=60).exit_code,
+             lambda code: f"exit code {code}")
+        from_image.close()
+        step("remove the durable snapshot image", lambda: client.images.remove(img.location, force=True))
     finally:
         pool.close()
         backend.close()
@@ -82,4 +87,3 @@ def quickstart() -> None:
     for label, ms, shown in timings:
         table.add_row(label, f"{ms:.1f}", shown)
     console.print(table)
-    console.print(f"durable snapshot image kept: {img.location} (remove with `agentenv sandbox gc --images` once this process is gone)")
