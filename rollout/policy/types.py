@@ -24,7 +24,10 @@ from typing import Any, Protocol, runtime_checkable
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # hit a stop string / end-of-turn token
     LENGTH = "length"  # max_new_tokens reached
-    BUDGET = "budget"  # the effort level's thinking budget closed the thinking
+    # The thinking budget closed the thinking and no room was left for the model to act
+    # (max_new_tokens ran out during or right after the inserted close tag). When the model
+    # did go on to act, the reason is STOP / LENGTH and ``Generation.budget_closed`` is True.
+    BUDGET = "budget"
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,13 @@ class Prompt:
 
 @dataclass(frozen=True)
 class Generation:
-    """One sampled assistant turn. ``len(token_ids) == len(logprobs)``."""
+    """One sampled assistant turn. ``len(token_ids) == len(logprobs)``.
+
+    ``sampled_mask[i] == 0`` marks a token the *policy* inserted rather than
+    sampled (the close tag a thinking budget forces); the runner gives those
+    loss mask 0, and their logprob is reported as 0.0. An empty
+    ``sampled_mask`` means every token was sampled; use ``loss_mask`` to read it.
+    """
 
     text: str
     token_ids: tuple[int, ...]
@@ -75,12 +84,23 @@ class Generation:
     thinking_tokens: int = 0
     latency_s: float = 0.0
     extra: Mapping[str, Any] = field(default_factory=dict)
+    sampled_mask: tuple[int, ...] = ()  # empty: all sampled; else 1 sampled / 0 inserted, per token
+    budget_closed: bool = False  # the thinking budget inserted the close tag in this turn
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(
                 f"Generation: {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
             )
+        if self.sampled_mask and len(self.sampled_mask) != len(self.token_ids):
+            raise ValueError(
+                f"Generation: {len(self.token_ids)} token ids but {len(self.sampled_mask)} sampled_mask entries"
+            )
+
+    @property
+    def loss_mask(self) -> tuple[int, ...]:
+        """1 per sampled token, 0 per token the policy inserted (``sampled_mask`` made explicit)."""
+        return self.sampled_mask if self.sampled_mask else (1,) * len(self.token_ids)
 
 
 class PolicyError(RuntimeError):
