@@ -10,6 +10,9 @@ done here once, so adding a harness is a page of tool tables (docs/harnesses.md)
 
 from __future__ import annotations
 
+import json
+import math
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -23,10 +26,16 @@ from agentenv.intents import (
     RenderedPrompt,
     ToolCall,
 )
-from rollout.harnesses.parsing import Extracted, extract_message, extract_text
+from rollout.harnesses.parsing import CALL_CLOSE, CALL_OPEN, Extracted, extract_message, extract_text
 
 ToIntent = Callable[[Mapping[str, Any]], "Intent | str"]
 Formatter = Callable[[IntentResult], str]
+#: canonical intent args -> (tool name, tool arguments); the inverse of one ``ToIntent``.
+FromIntent = Callable[[Mapping[str, Any]], "tuple[str, dict[str, Any]]"]
+
+
+class UnsupportedIntent(ValueError):
+    """The harness has no tool that expresses this intent (Codex has no ``read_file`` tool, say)."""
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
@@ -146,6 +155,8 @@ class BaseHarness:
     max_calls_per_turn: ClassVar[int] = 32
     # When a turn has no tool calls the model is done (how every real harness ends a task).
     text_turn_submits: ClassVar[bool] = True
+    #: intent name -> its inverse tool mapping; what ``from_intent`` uses (see there).
+    reverse: ClassVar[Mapping[str, FromIntent]] = {}
 
     def __init__(self, workdir: str = "/workspace") -> None:
         self.workdir = workdir
@@ -222,6 +233,50 @@ class BaseHarness:
             out.append(Intent("submit", {"answer": turn.text}, tool=""))
         return out
 
+    # ------------------------------------------------------------ writing calls (the inverse)
+
+    def from_intent(self, intent: Intent) -> ToolCall:
+        """The tool call, in this harness's names and shapes, that ``to_intent`` maps back onto ``intent``.
+
+        Why: scripted policies and the warm-start SFT write canonical intents
+        (an oracle's shell script, a submit) and need them said the way each
+        harness says them. Exact on the image of ``to_intent``:
+        ``to_intent(from_intent(i))`` equals ``i`` (but for ``tool``) for every
+        ``i`` this harness's ``to_intent`` can produce. Intents from another
+        harness are translated to the nearest equivalent (a string command
+        becomes Codex's ``["bash", "-lc", ...]``, seconds become milliseconds).
+        Raises ``UnsupportedIntent`` when no tool expresses the intent; a
+        ``submit`` on a harness that ends episodes with a text turn is written
+        by ``render_turn`` as that text.
+        """
+        fn = self.reverse.get(intent.name)
+        if fn is None:
+            raise UnsupportedIntent(
+                f"harness {self.name!r} has no tool for intent {intent.name!r} (it has: {', '.join(self.reverse) or 'none'})"
+            )
+        tool, args = fn(intent.args if isinstance(intent.args, Mapping) else {})
+        return ToolCall(tool, {k: v for k, v in args.items() if v is not None}, intent.call_id)
+
+    def render_call(self, call: ToolCall) -> str:
+        """The raw text form of ``call`` that ``parse`` accepts (the project chat template's form)."""
+        body = json.dumps({"name": call.name, "arguments": dict(call.arguments)}, ensure_ascii=False)
+        return f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}"
+
+    def render_turn(self, intents: Sequence[Intent], text: str = "") -> str:
+        """A whole assistant turn as raw text: optional prose, then each intent as a call.
+
+        A ``submit`` on a harness without a submit tool (``text_turn_submits``)
+        becomes a turn of plain text, the answer (or ``text``), which ``parse``
+        + ``turn_intents`` read back as that submit; it must then be the only intent.
+        """
+        if any(i.name == "submit" for i in intents) and "submit" not in self.reverse and self.text_turn_submits:
+            if len(intents) != 1:
+                raise UnsupportedIntent(f"harness {self.name!r} submits with a text-only turn; submit must be alone")
+            answer = intents[0].args.get("answer")
+            return str(answer) if answer not in (None, "") else (text or "Done.")
+        calls = [self.render_call(self.from_intent(i)) for i in intents]
+        return "\n".join(([text] if text else []) + calls)
+
     # ------------------------------------------------------------ results
 
     def error_text(self, message: str) -> str:
@@ -243,6 +298,22 @@ class BaseHarness:
         return {"role": "tool", "tool_call_id": error.call_id, "name": "error", "content": self.error_text(error.message)}
 
 
+def inverse_scale(value: float, factor: float, *, integer: bool = False) -> float | int:
+    """``x`` with ``x / factor == value`` exactly (a timeout in s back to ms), so round trips are exact."""
+    guess = value * factor
+    candidates = [round(guess)] if integer else [guess, round(guess), math.nextafter(guess, math.inf), math.nextafter(guess, -math.inf)]
+    for c in candidates:
+        if c / factor == value:
+            return c
+    return round(guess) if integer else guess
+
+
+def shell_string(command: Any, cwd: str | None = None) -> str:
+    """A canonical ``exec_shell`` command as one shell string (argv lists quoted), run in ``cwd`` if given."""
+    text = command if isinstance(command, str) else shlex.join(str(c) for c in command)
+    return f"cd {shlex.quote(cwd)} && {text}" if cwd else text
+
+
 def _closest(name: str, options: Sequence[str]) -> str | None:
     import difflib
 
@@ -253,4 +324,15 @@ def _closest(name: str, options: Sequence[str]) -> str | None:
     return hits[0] if hits else None
 
 
-__all__ = ["BaseHarness", "Tool", "check_schema", "obj", "plain_result", "prop"]
+__all__ = [
+    "BaseHarness",
+    "FromIntent",
+    "Tool",
+    "UnsupportedIntent",
+    "check_schema",
+    "inverse_scale",
+    "obj",
+    "plain_result",
+    "prop",
+    "shell_string",
+]

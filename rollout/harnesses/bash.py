@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from agentenv.intents import Intent, IntentResult
-from rollout.harnesses.base import BaseHarness, Tool, obj, prop
+from rollout.harnesses.base import BaseHarness, FromIntent, Tool, obj, prop, shell_string
 
 SYSTEM_PROMPT = """\
 You are an agent working in a Linux sandbox. Your working directory is the task's workspace.
@@ -24,6 +24,17 @@ When the task is done, call `submit` (with your final answer if the task asks fo
 
 def _bash(args: Mapping[str, Any]) -> Intent:
     return Intent("exec_shell", {"command": args["command"], "timeout_s": args.get("timeout") or 60})
+
+
+def _timeout_s(value: Any, low: int, high: int) -> int | None:
+    """Canonical seconds as a whole-second tool argument in [low, high]; ``None`` leaves the default."""
+    if value is None:
+        return None
+    return int(min(max(-(-float(value) // 1), low), high))  # ceil: never shorter than asked
+
+
+def _from_exec(a: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "bash", {"command": shell_string(a.get("command", ""), a.get("cwd")), "timeout": _timeout_s(a.get("timeout_s"), 1, 600)}
 
 
 def _format_bash(result: IntentResult) -> str:
@@ -61,6 +72,11 @@ class BashHarness(BaseHarness):
             lambda r: "Submitted.",
         ),
     )
+
+    reverse: ClassVar[Mapping[str, FromIntent]] = {
+        "exec_shell": _from_exec,
+        "submit": lambda a: ("submit", {"answer": a.get("answer")}),
+    }
 
     def effort_text(self, effort: str) -> str:
         return f"Effort: {effort}."

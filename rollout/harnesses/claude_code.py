@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from agentenv.intents import Intent, IntentResult
-from rollout.harnesses.base import BaseHarness, Tool, obj, prop
+from rollout.harnesses.base import BaseHarness, FromIntent, Tool, UnsupportedIntent, inverse_scale, obj, prop, shell_string
 from rollout.harnesses.formatting import items, numbered, shell_output
 
 SYSTEM_PROMPT = """\
@@ -93,6 +93,56 @@ def _todo(a: Mapping[str, Any]) -> Intent | str:
     if sum(t["status"] == "in_progress" for t in todos) > 1:
         return "only one todo may be in_progress at a time"
     return Intent("plan_update", {"items": [{"text": t["content"], "status": t["status"]} for t in todos]})
+
+
+# ---------------------------------------------------------------- the inverse (from_intent)
+
+
+def _from_exec(a: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    t = a.get("timeout_s")
+    ms = None if t is None else min(max(inverse_scale(float(t), 1000), 1), 600_000)
+    return "Bash", {"command": shell_string(a.get("command", ""), a.get("cwd")), "timeout": ms}
+
+
+def _from_read(a: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    offset = a.get("offset")
+    if offset is not None and offset < 1:
+        raise UnsupportedIntent("Read cannot count lines from the end of a file")
+    return "Read", {"file_path": a["path"], "offset": offset, "limit": a.get("limit")}
+
+
+def _from_write(a: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    if a.get("append"):
+        raise UnsupportedIntent("Write cannot append")
+    return "Write", {"file_path": a["path"], "content": a["content"]}
+
+
+def _from_edit(a: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    if "edits" in a:
+        edits = [{"old_string": e["old"], "new_string": e["new"], "replace_all": bool(e.get("replace_all"))} for e in a["edits"]]
+        return "MultiEdit", {"file_path": a["path"], "edits": edits}
+    return "Edit", {"file_path": a["path"], "old_string": a["old"], "new_string": a["new"], "replace_all": bool(a.get("replace_all"))}
+
+
+def _from_grep(a: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    args: dict[str, Any] = {
+        "pattern": a["pattern"],
+        "output_mode": a.get("output_mode"),
+        "-i": bool(a.get("ignore_case")),
+        "-n": bool(a.get("line_numbers", True)),
+        "-C": a.get("context") or None,
+        "multiline": bool(a.get("multiline")),
+    }
+    for canon, key in (("path", "path"), ("glob", "glob"), ("type", "type"), ("context_after", "-A"), ("context_before", "-B"), ("head_limit", "head_limit")):
+        args[key] = a.get(canon)
+    return "Grep", args
+
+
+def _from_plan(a: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    items = a.get("items")
+    if items is None:
+        raise UnsupportedIntent("TodoWrite cannot only read the list")
+    return "TodoWrite", {"todos": [{"content": i["text"], "status": i["status"], "activeForm": i["text"]} for i in items]}
 
 
 def _fmt_bash(r: IntentResult) -> str:
@@ -259,6 +309,16 @@ class ClaudeCodeHarness(BaseHarness):
             lambda r: "Todos have been modified successfully. Keep using the todo list to track your progress.",
         ),
     )
+
+    reverse: ClassVar[Mapping[str, FromIntent]] = {
+        "exec_shell": _from_exec,
+        "read_file": _from_read,
+        "write_file": _from_write,
+        "edit_replace": _from_edit,
+        "glob": lambda a: ("Glob", {"pattern": a["pattern"], "path": a.get("path") or None}),
+        "grep": _from_grep,
+        "plan_update": _from_plan,
+    }
 
     def effort_text(self, effort: str) -> str:
         return f"<system-reminder>{EFFORT_TEXT[effort]}</system-reminder>"

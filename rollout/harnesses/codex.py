@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from agentenv.intents import Intent, IntentResult
 from agentenv.patch import PatchError, parse_patch
-from rollout.harnesses.base import BaseHarness, Tool, obj, prop
+from rollout.harnesses.base import BaseHarness, FromIntent, Tool, UnsupportedIntent, inverse_scale, obj, prop
 from rollout.harnesses.formatting import shell_output
 
 SYSTEM_PROMPT = """\
@@ -67,6 +67,22 @@ def _update_plan(a: Mapping[str, Any]) -> Intent | str:
     if sum(p["status"] == "in_progress" for p in plan) > 1:
         return "at most one step can be in_progress at a time"
     return Intent("plan_update", {"items": [{"text": p["step"], "status": p["status"]} for p in plan], "explanation": a.get("explanation") or ""})
+
+
+def _from_exec(a: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    command = a.get("command", "")
+    argv = list(command) if isinstance(command, (list, tuple)) else ["bash", "-lc", str(command)]
+    t = a.get("timeout_s")
+    ms = None if t is None else min(max(inverse_scale(float(t), 1000, integer=True), 1), 600_000)
+    return "shell", {"command": argv, "workdir": a.get("cwd"), "timeout_ms": ms}
+
+
+def _from_plan(a: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    items = a.get("items")
+    if items is None:
+        raise UnsupportedIntent("codex update_plan cannot only read the plan")
+    plan = [{"step": i["text"], "status": i["status"]} for i in items]
+    return "update_plan", {"plan": plan, "explanation": a.get("explanation")}
 
 
 def _fmt_shell(r: IntentResult) -> str:
@@ -122,6 +138,12 @@ class CodexHarness(BaseHarness):
             lambda r: "Plan updated",
         ),
     )
+
+    reverse: ClassVar[Mapping[str, FromIntent]] = {
+        "exec_shell": _from_exec,
+        "apply_patch": lambda a: ("apply_patch", {"input": a["patch"], "workdir": a.get("cwd")}),
+        "plan_update": _from_plan,
+    }
 
     def effort_text(self, effort: str) -> str:
         return f"Reasoning: {effort}"

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from agentenv.intents import Intent
-from rollout.harnesses.base import BaseHarness, Tool, obj, prop
+from rollout.harnesses.base import BaseHarness, FromIntent, Tool, obj, prop, shell_string
 from rollout.harnesses.kimi_code import (
     EFFORT_TEXT,
     fmt_edit,
@@ -23,10 +23,15 @@ from rollout.harnesses.kimi_code import (
     fmt_shell,
     fmt_todo,
     fmt_write,
+    from_grep,
+    from_todo,
     grep_args,
     kimi_grep_schema,
     kimi_todo_schema,
+    read_args,
     todo_intent,
+    whole_seconds,
+    write_args,
 )
 
 SYSTEM_PROMPT = """\
@@ -43,6 +48,11 @@ _EDIT = obj(["old", "new"], old=prop("string", "The old string to replace"), new
 def _str_replace(a: Mapping[str, Any]) -> Intent:
     edits = a["edit"] if isinstance(a["edit"], list) else [a["edit"]]
     return Intent("edit_replace", {"path": a["path"], "edits": [{"old": e["old"], "new": e["new"], "replace_all": bool(e.get("replace_all"))} for e in edits]})
+
+
+def _from_edit(a: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    edits = a["edits"] if "edits" in a else [a]
+    return "StrReplaceFile", {"path": a["path"], "edit": [{"old": e["old"], "new": e["new"], "replace_all": bool(e.get("replace_all"))} for e in edits]}
 
 
 class KimiCliHarness(BaseHarness):
@@ -95,6 +105,16 @@ class KimiCliHarness(BaseHarness):
         Tool("Grep", "Search file contents with a regular expression.", kimi_grep_schema(), lambda a: Intent("grep", grep_args(a)), fmt_list),
         Tool("SetTodoList", "Set the todo list, or read it when todos is omitted.", kimi_todo_schema(), todo_intent, fmt_todo),
     )
+
+    reverse: ClassVar[Mapping[str, FromIntent]] = {
+        "exec_shell": lambda a: ("Shell", {"command": shell_string(a.get("command", ""), a.get("cwd")), "timeout": whole_seconds(a.get("timeout_s"), 300)}),
+        "read_file": lambda a: ("ReadFile", read_args(a)),
+        "write_file": lambda a: ("WriteFile", write_args(a)),
+        "edit_replace": _from_edit,
+        "glob": lambda a: ("Glob", {"pattern": a["pattern"], "directory": a.get("path") or None}),
+        "grep": lambda a: ("Grep", from_grep(a)),
+        "plan_update": lambda a: ("SetTodoList", from_todo(a)),
+    }
 
     def effort_text(self, effort: str) -> str:
         return EFFORT_TEXT[effort]

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from agentenv.intents import Intent, IntentResult
-from rollout.harnesses.base import BaseHarness, Tool, obj, prop
+from rollout.harnesses.base import BaseHarness, FromIntent, Tool, UnsupportedIntent, obj, prop, shell_string
 from rollout.harnesses.formatting import items, numbered, shell_output
 
 SYSTEM_PROMPT = """\
@@ -106,6 +106,59 @@ def fmt_todo(r: IntentResult) -> str:
         back = {v: k for k, v in KIMI_STATUS.items()}
         return "\n".join(f"- [{back.get(i['status'], i['status'])}] {i['text']}" for i in plan) or "<system>The todo list is empty.</system>"
     return "<system>Todo list updated.</system>"
+
+
+# ---------------------------------------------------------------- the inverse (from_intent), shared with kimi_cli
+
+
+def whole_seconds(value: Any, high: int) -> int | None:
+    """Canonical seconds as Kimi's whole-second timeout in [1, high] (rounded up); ``None`` keeps the default."""
+    if value is None:
+        return None
+    return int(min(max(-(-float(value) // 1), 1), high))
+
+
+def read_args(a: Mapping[str, Any]) -> dict[str, Any]:
+    limit = a.get("limit")
+    return {"path": a["path"], "line_offset": a.get("offset"), "n_lines": None if limit is None else min(max(int(limit), 1), 1000)}
+
+
+def write_args(a: Mapping[str, Any]) -> dict[str, Any]:
+    return {"path": a["path"], "content": a["content"], "mode": "append" if a.get("append") else "overwrite"}
+
+
+def from_grep(a: Mapping[str, Any]) -> dict[str, Any]:
+    """Canonical grep arguments -> Kimi Grep arguments (inverse of ``grep_args``)."""
+    mode = a.get("output_mode")
+    args: dict[str, Any] = {
+        "pattern": a["pattern"],
+        "output_mode": "count_matches" if mode == "count" else mode,
+        "-i": bool(a.get("ignore_case")),
+        "-n": bool(a.get("line_numbers", True)),
+        "-C": a.get("context") or None,
+        "multiline": bool(a.get("multiline")),
+        "head_limit": a.get("head_limit"),
+        "offset": a.get("offset"),
+    }
+    for canon, key in (("path", "path"), ("glob", "glob"), ("type", "type"), ("context_after", "-A"), ("context_before", "-B")):
+        args[key] = a.get(canon)
+    return args
+
+
+def from_todo(a: Mapping[str, Any]) -> dict[str, Any]:
+    items = a.get("items")
+    back = {v: k for k, v in KIMI_STATUS.items()}
+    return {} if items is None else {"todos": [{"title": i["text"], "status": back[i["status"]]} for i in items]}
+
+
+def _from_exec(a: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "Bash", {"command": shell_string(a.get("command", "")), "timeout": whole_seconds(a.get("timeout_s"), 300), "cwd": a.get("cwd")}
+
+
+def _from_edit(a: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    if "edits" in a:
+        raise UnsupportedIntent("Kimi Code's Edit makes one replacement per call")
+    return "Edit", {"path": a["path"], "old_string": a["old"], "new_string": a["new"], "replace_all": bool(a.get("replace_all"))}
 
 
 def kimi_grep_schema(count_mode: str = "count_matches") -> dict[str, Any]:
@@ -206,6 +259,16 @@ class KimiCodeHarness(BaseHarness):
         Tool("Grep", "Search file contents with a regular expression.", kimi_grep_schema(), lambda a: Intent("grep", grep_args(a)), fmt_list),
         Tool("TodoList", "Set the todo list, or read it when todos is omitted.", kimi_todo_schema(), todo_intent, fmt_todo),
     )
+
+    reverse: ClassVar[Mapping[str, FromIntent]] = {
+        "exec_shell": _from_exec,
+        "read_file": lambda a: ("Read", read_args(a)),
+        "write_file": lambda a: ("Write", write_args(a)),
+        "edit_replace": _from_edit,
+        "glob": lambda a: ("Glob", {"pattern": a["pattern"], "path": a.get("path") or None}),
+        "grep": lambda a: ("Grep", from_grep(a)),
+        "plan_update": lambda a: ("TodoList", from_todo(a)),
+    }
 
     def effort_text(self, effort: str) -> str:
         return EFFORT_TEXT[effort]
