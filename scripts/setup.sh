@@ -32,7 +32,7 @@ want=$(sha256sum pyproject.toml | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing the project into .venv"
   .venv/bin/pip install -q -U pip
-  .venv/bin/pip install -q -e ".[dev,store]"
+  .venv/bin/pip install -q -e ".[all,dev]"
   echo "$want" > "$stamp"
 fi
 
