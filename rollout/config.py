@@ -1,0 +1,242 @@
+"""The rollout run config: one YAML file says what to run, where, and how faults and staleness are handled.
+
+Why pydantic and a file: a rollout run is launched by people (``agentenv
+rollout CONFIG``) and by clusters (``ray job submit ... python -m rollout.job
+CONFIG``), and both must fail before any Ray actor starts when a field is
+wrong, with the field's path in the message (``policy.url: ...``), not deep
+inside a worker. Every field is documented in ``docs/rollout.md``; nothing
+here is changed behind the user's back once loaded.
+
+Usage::
+
+    cfg = load_config("examples/rollout.yaml")
+    cfg.group_size, cfg.rotation.pick(0), cfg.efforts.pick(0)
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import random
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agentenv.intents import EFFORT_LEVELS
+from agentenv.types import Domain
+from rollout.harnesses.rotation import RotationPolicy
+from rollout.store import DEFAULT_URL
+
+__all__ = [
+    "ConfigError",
+    "EffortDraw",
+    "PolicyConfig",
+    "RayConfig",
+    "RetryConfig",
+    "RolloutConfig",
+    "SamplingConfig",
+    "StalePolicy",
+    "StalenessConfig",
+    "TaskSelection",
+    "load_config",
+    "parse_config",
+]
+
+
+class ConfigError(ValueError):
+    """A rollout config file is missing, not YAML, or has invalid fields (each named by its path)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TaskSelection(_Model):
+    """Which registered tasks the run uses: the intersection of every filter given.
+
+    ``ids`` empty means "all registered tasks" before the other filters apply.
+    """
+
+    ids: tuple[str, ...] = ()
+    domain: Domain | None = None
+    tags: tuple[str, ...] = Field(default=(), description="a task must carry every one of these tags")
+
+
+class EffortDraw(_Model):
+    """The effort level of each episode, drawn per episode from ``seed`` (reproducible).
+
+    ``levels`` empty means "no effort message" (``effort=None`` on the request).
+    The draw for episode ``i`` is a pure function of ``(seed, i)``, like harness rotation.
+    """
+
+    levels: tuple[str, ...] = ("high",)
+    weights: tuple[float, ...] | None = None
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> EffortDraw:
+        unknown = [lv for lv in self.levels if lv not in EFFORT_LEVELS]
+        if unknown:
+            raise ValueError(f"levels: unknown {unknown}; known are {list(EFFORT_LEVELS)}")
+        if self.weights is not None:
+            if len(self.weights) != len(self.levels):
+                raise ValueError(f"weights: need one weight per level ({len(self.levels)}), got {len(self.weights)}")
+            if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
+                raise ValueError(f"weights: must be >= 0 with a positive sum, got {list(self.weights)}")
+        return self
+
+    def pick(self, episode_index: int) -> str | None:
+        """The effort level of episode ``episode_index`` (None when no levels are configured)."""
+        if not self.levels:
+            return None
+        digest = hashlib.sha256(f"effort:{self.seed}:{episode_index}".encode()).digest()
+        rng = random.Random(int.from_bytes(digest[:8], "big"))
+        return rng.choices(self.levels, weights=self.weights, k=1)[0]
+
+
+class PolicyConfig(_Model):
+    """The model that acts. ``scripted`` replays each task's oracle (no model; tests and benchmarks),
+    ``hf`` loads a local Hugging Face checkpoint in every worker, ``openai`` calls an
+    OpenAI-compatible server (vLLM / SGLang / ``agentenv serve``)."""
+
+    kind: Literal["scripted", "hf", "openai"] = "scripted"
+    checkpoint: str | None = Field(default=None, description="hf: a local checkpoint folder")
+    device: str = Field(default="cpu", description="hf: torch device of each worker's copy")
+    url: str | None = Field(default=None, description="openai: base URL, e.g. http://host:8000/v1")
+    model: str | None = Field(default=None, description="openai: the served model name")
+    api_key_env: str = Field(default="OPENAI_API_KEY", description="openai: environment variable with the key")
+    timeout_s: float = Field(default=120.0, gt=0, description="openai: per-request timeout")
+
+    @model_validator(mode="after")
+    def _check(self) -> PolicyConfig:
+        if self.kind == "hf" and not self.checkpoint:
+            raise ValueError("checkpoint: kind 'hf' needs a local checkpoint folder")
+        if self.kind == "openai" and not (self.url and self.model):
+            raise ValueError("url/model: kind 'openai' needs both the server url and the model name")
+        return self
+
+
+class SamplingConfig(_Model):
+    """Per-turn sampling of a model policy (the scripted policy ignores it)."""
+
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_new_tokens: int = Field(default=512, ge=1)
+
+
+class StalePolicy(str, enum.Enum):
+    """What happens to a trajectory sampled by weights more than K versions behind the learner.
+
+    ``abort_and_resume``: abort it (in flight or finished) and run the episode again
+    on current weights. ``drop``: discard it and count it as dropped. Both are counted.
+    """
+
+    ABORT_AND_RESUME = "abort_and_resume"
+    DROP = "drop"
+
+
+class StalenessConfig(_Model):
+    """The hard staleness bound: ``learner_version - trajectory.policy_version <= max_lag`` for
+    every trajectory written to the store (``policy_version`` is the oldest weights of the episode)."""
+
+    max_lag: int = Field(default=1, ge=0)
+    policy: StalePolicy = StalePolicy.ABORT_AND_RESUME
+    max_resumes: int = Field(default=3, ge=0, description="abort_and_resume: then the episode is dropped")
+
+
+class RetryConfig(_Model):
+    """Fault budgets. A ``sandbox_lost`` episode is run again up to ``sandbox_lost`` times; an
+    episode whose worker died is rerun up to ``worker_lost`` times; a dead worker is restarted
+    by Ray up to ``worker_restarts`` times, then re-created."""
+
+    sandbox_lost: int = Field(default=1, ge=0)
+    worker_lost: int = Field(default=3, ge=0)
+    worker_restarts: int = Field(default=3, ge=0)
+    sandbox_acquire: int = Field(default=1, ge=0, description="EpisodeRunner's own sandbox start retries")
+
+
+class RayConfig(_Model):
+    """Where the workers run. ``address`` None: a job context (``RAY_ADDRESS`` set, e.g. under
+    ``ray job submit``) connects to that cluster, otherwise an embedded ``ray.init`` with
+    ``num_cpus`` starts in-process. Workers need one unit of ``worker_resource`` each, so they
+    land on nodes that declare it (``ray start --resources '{"docker_daemon": 4}'``)."""
+
+    address: str | None = None
+    num_cpus: int = Field(default=2, ge=1, description="embedded Ray only")
+    worker_resource: str | None = Field(default="docker_daemon", description="custom resource placing workers")
+    worker_cpus: float = Field(default=0.5, ge=0)
+
+
+class RolloutConfig(_Model):
+    """A whole rollout run. See ``docs/rollout.md`` for every field."""
+
+    run_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    store: str = Field(default=DEFAULT_URL, description="SQLAlchemy URL of the trajectory store")
+    tasks: TaskSelection = Field(default_factory=TaskSelection)
+    seeds: tuple[int, ...] = Field(default=(0,), min_length=1, description="variant seeds; an int n means 0..n-1")
+    group_size: int = Field(default=4, ge=1, description="G samples per (task, seed) group")
+    rotation: RotationPolicy = Field(default_factory=RotationPolicy)
+    efforts: EffortDraw = Field(default_factory=EffortDraw)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    backend: Literal["docker", "local"] = "docker"
+    workers: int = Field(default=2, ge=1)
+    concurrency: int = Field(default=4, ge=1, description="episodes in flight per worker")
+    pool_size: int = Field(default=2, ge=0, description="warm sandboxes per task image per worker")
+    staleness: StalenessConfig = Field(default_factory=StalenessConfig)
+    retries: RetryConfig = Field(default_factory=RetryConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seed_count(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):
+            if v < 1:
+                raise ValueError(f"an int means 'seeds 0..n-1' and must be >= 1, got {v}")
+            return tuple(range(v))
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"seeds must be distinct, got {list(v)}")
+        return v
+
+    @property
+    def planned_per_task(self) -> int:
+        return len(self.seeds) * self.group_size
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def parse_config(data: Any, *, source: str = "<config>") -> RolloutConfig:
+    """Validate a mapping; errors become one ``ConfigError`` listing ``source: field.path: why``."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of config fields, got {type(data).__name__}")
+    try:
+        return RolloutConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"{source}: {_loc(e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("invalid rollout config\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: str | Path, **overrides: Any) -> RolloutConfig:
+    """Read and validate a YAML config; ``overrides`` replace top-level fields (CLI flags)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if isinstance(data, dict):
+        data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
+    return parse_config(data, source=str(path))

@@ -1,0 +1,83 @@
+"""RolloutConfig: the example loads, errors name the field path, shorthands expand, configs pickle."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from rollout.config import ConfigError, RolloutConfig, StalePolicy, load_config, parse_config
+
+pytestmark = pytest.mark.unit
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rollout.yaml"
+
+
+def test_example_loads() -> None:
+    cfg = load_config(EXAMPLE)
+    assert cfg.run_id == "quickstart-rollout" and cfg.group_size == 2 and cfg.policy.kind == "scripted"
+    assert cfg.tasks.tags == ("quickstart",)
+    assert cfg.staleness.policy is StalePolicy.ABORT_AND_RESUME
+    assert cfg.ray.address is None and cfg.ray.num_cpus == 2
+
+
+def test_defaults_are_a_small_embedded_run() -> None:
+    cfg = parse_config({"run_id": "r"})
+    assert cfg.store == "sqlite:///runs/agentenv.db"
+    assert cfg.seeds == (0,) and cfg.retries.sandbox_lost == 1 and cfg.ray.worker_resource == "docker_daemon"
+
+
+def test_errors_name_the_file_and_field_path(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "run_id: r\nworkers: 0\nrotation: {kind: weighted, harnesses: [codex]}\n"
+        "staleness: {policy: keep}\npolicy: {kind: openai}\nefforts: {levels: [medium]}\nbogus: 1\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    msg = str(info.value)
+    for where in ("workers:", "rotation:", "staleness.policy:", "policy:", "efforts:", "bogus:"):
+        assert f"{path}: {where}" in msg, msg
+    assert "medium" in msg and "url/model" in msg
+
+
+def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run_id: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(bad)
+
+
+def test_seed_count_shorthand_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("run_id: r\nseeds: 3\n")
+    cfg = load_config(path, store="sqlite:////tmp/x.db", run_id=None)
+    assert cfg.seeds == (0, 1, 2) and cfg.store == "sqlite:////tmp/x.db" and cfg.run_id == "r"
+    assert cfg.planned_per_task == 3 * cfg.group_size
+    with pytest.raises(ConfigError, match="seeds"):
+        parse_config({"run_id": "r", "seeds": [1, 1]})
+
+
+def test_effort_draw_weights_and_none() -> None:
+    cfg = parse_config({"run_id": "r", "efforts": {"levels": ["low", "max"], "weights": [0, 1]}})
+    assert {cfg.efforts.pick(i) for i in range(50)} == {"max"}
+    assert parse_config({"run_id": "r", "efforts": {"levels": []}}).efforts.pick(0) is None
+
+
+def test_policy_kinds_need_their_fields() -> None:
+    with pytest.raises(ConfigError, match="checkpoint"):
+        parse_config({"run_id": "r", "policy": {"kind": "hf"}})
+    ok = parse_config({"run_id": "r", "policy": {"kind": "openai", "url": "http://h:8000/v1", "model": "m"}})
+    assert ok.policy.url == "http://h:8000/v1"
+
+
+def test_config_pickles_for_ray() -> None:
+    cfg = load_config(EXAMPLE)
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert isinstance(RolloutConfig.model_validate(cfg.model_dump(mode="json")), RolloutConfig)
