@@ -1,0 +1,129 @@
+"""Tiny causal LMs built from a config, and local checkpoints.
+
+Why: tests, demos and small runs need a real ``transformers`` model that
+samples, takes a KV cache and trains, without downloading anything. A
+Qwen2-shaped config (hidden 64, 2 layers, vocabulary = the project
+tokenizer's) random-initialised under a seed is ~0.2M parameters: a forward
+pass of a few hundred tokens is a millisecond on one CPU core. It does not
+write sensible text; it only has to behave like a model.
+
+A checkpoint is a plain ``save_pretrained`` directory holding the model and
+the tokenizer together, so ``agentenv serve PATH`` and the learner load the
+same thing. Loading passes ``local_files_only=True``: a path that is not a
+local checkpoint fails instead of reaching for a hub.
+
+>>> model, tok = tiny_model(seed=0)                          # doctest: +SKIP
+>>> save_checkpoint(model, tok, "runs/ckpt/tiny")
+>>> model2, tok2 = load_checkpoint("runs/ckpt/tiny")
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rollout.tokenizer import EOT, build_tokenizer
+
+TINY = "tiny"  # the model name meaning "a fresh tiny model" wherever a MODEL argument is taken
+
+
+def tiny_config(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    max_positions: int = 4096,
+) -> Qwen2Config:
+    """A Qwen2-shaped config sized to ``tokenizer``; EOS is the end-of-turn token."""
+    eot = int(tokenizer.convert_tokens_to_ids(EOT))
+    pad = tokenizer.pad_token_id
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        eos_token_id=eot,
+        pad_token_id=pad if pad is not None else eot,
+        bos_token_id=None,
+    )
+
+
+def tiny_model(
+    seed: int = 0,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    **config: Any,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A random-initialised tiny causal LM and its tokenizer, identical for equal seeds.
+
+    The global torch RNG is forked, so building a model never changes what
+    other code samples afterwards.
+    """
+    tok = tokenizer if tokenizer is not None else build_tokenizer()
+    cfg = tiny_config(tok, **config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(cfg)
+    model = model.to(dtype=dtype).eval()
+    model.generation_config.eos_token_id = cfg.eos_token_id
+    model.generation_config.pad_token_id = cfg.pad_token_id
+    return model, tok
+
+
+def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike[str]) -> Path:
+    """Write model and tokenizer into one directory (``from_pretrained`` layout)."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a local checkpoint directory; never downloads.
+
+    Raises ``FileNotFoundError`` naming the path when it is not a checkpoint
+    directory (a hub id would otherwise be tried as a download).
+    """
+    where = Path(path)
+    if not (where / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model checkpoint {str(where)!r}: expected a local directory with config.json "
+            f"(save one with rollout.policy.models.save_checkpoint, or use {TINY!r} for a fresh tiny model)"
+        )
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    model = AutoModelForCausalLM.from_pretrained(str(where), **kwargs).to(device).eval()
+    tok = AutoTokenizer.from_pretrained(str(where), local_files_only=True)
+    return model, tok
+
+
+def load_model(
+    spec: str, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``"tiny"`` -> a fresh tiny model (seeded); anything else -> a local checkpoint path."""
+    if spec == TINY:
+        model, tok = tiny_model(seed=seed, dtype=dtype or torch.float32)
+        return model.to(device), tok
+    return load_checkpoint(spec, device=device, dtype=dtype)
+
+
+__all__ = ["TINY", "load_checkpoint", "load_model", "save_checkpoint", "tiny_config", "tiny_model"]
