@@ -178,6 +178,13 @@ class FolderTask(Task):
     def grade(self, sandbox: Sandbox, episode: Episode) -> VerifierResult:
         return grade_with(self, self.spec.verifiers, sandbox, episode)
 
+    def oracle_script(self, variant: Variant) -> str | None:
+        where = str(self.folder / self.spec.solution)
+        return render((self.folder / self.spec.solution).read_text(), context(variant.params, variant.seed), where=where)
+
+    def oracle_answers(self) -> bool:
+        return any(isinstance(v, AnswerVerifierSpec) for v in self.spec.verifiers)
+
     def hidden_paths(self) -> list[str]:
         return [HIDDEN_TESTS_DIR]
 
@@ -259,6 +266,9 @@ class PythonTask(Task):
 
     def grade(self, sandbox: Sandbox, episode: Episode) -> VerifierResult:
         return grade_with(self, self.verifier_specs, sandbox, episode)
+
+    def oracle_answers(self) -> bool:
+        return any(isinstance(v, AnswerVerifierSpec) for v in self.verifier_specs)
 
     def hidden_paths(self) -> list[str]:
         return [HIDDEN_TESTS_DIR]

@@ -305,6 +305,19 @@ class Task(ABC):
         """Absolute paths in the sandbox that only grading may see (cleared before copying in)."""
         return []
 
+    def oracle_script(self, variant: Variant) -> str | None:
+        """The oracle as one bash script rendered for ``variant``, or ``None`` when it is Python code.
+
+        Why: a scripted policy replays the oracle *through a harness* (one shell
+        tool call) so benchmarks and warm-start data exercise the same path a
+        model does; ``oracle()`` runs it behind the harness's back.
+        """
+        return None
+
+    def oracle_answers(self) -> bool:
+        """Whether the oracle's final answer (its script's last stdout line) is to be submitted."""
+        return False
+
     def hidden_files(self, variant: Variant) -> dict[str, bytes]:
         """Files grading copies into the grading sandbox (absolute path -> bytes) after clearing
         ``hidden_paths()``; ``variant.json`` (seed and parameters) included. ``agentenv check``

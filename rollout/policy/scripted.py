@@ -1,0 +1,137 @@
+"""``ScriptedPolicy``: replays a task's oracle through the episode's harness, no model needed.
+
+Two turns, written in the current harness's own tool surface (``from_intent``):
+
+1. one shell call running the variant's oracle script (``Task.oracle_script``),
+   as a quoted heredoc fed to ``bash -s`` -- the same way ``Task.oracle`` runs it;
+2. submit: the harness's submit tool, or, for harnesses that end an episode
+   with a text turn (Claude Code, Codex, Kimi), a text turn. For tasks graded
+   on a final answer it is the last line the oracle printed, read back from
+   the tool result the harness formatted.
+
+So an oracle episode exercises everything a model's episode does (rendering,
+parsing, intents, sandbox, formatting, grading) and scores full reward: the
+benchmark's policy, the runner's end-to-end test, and warm-start SFT data.
+
+It needs the episode: ``EpisodeRunner`` calls ``for_episode(ctx)`` and samples
+from the returned per-episode policy; calling ``generate`` on the shared
+object raises ``PolicyError``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from agentenv.intents import Intent
+from rollout.harnesses.base import BaseHarness
+from rollout.policy.types import FinishReason, Generation, Policy, PolicyError, Prompt, SamplingParams, ThinkingBudget
+
+if TYPE_CHECKING:
+    from rollout.episode import EpisodeContext
+
+#: Longest the oracle's shell call may run (every harness accepts 300 s).
+ORACLE_TIMEOUT_S = 300
+_DECORATION = re.compile(
+    r"^(\[exit code -?\d+\]|exit code:? -?\d+|wall time: .*|output:|\[timed out after .*\]|command timed out after .*)$",
+    re.IGNORECASE,
+)
+_SYSTEM_NOTE = re.compile(r"<system>.*?</system>", re.DOTALL)
+
+
+def oracle_command(script: str) -> str:
+    """``bash -s`` reading ``script`` from a quoted heredoc (no expansion), with a delimiter the script lacks."""
+    delimiter = "AGENTENV_ORACLE"
+    while delimiter in script:
+        delimiter += "_"
+    return f"bash -s <<'{delimiter}'\n{script.rstrip(chr(10))}\n{delimiter}"
+
+
+def answer_from_observation(text: str) -> str | None:
+    """The last line the command printed, from a harness-formatted shell result.
+
+    Harnesses wrap output in their own notes (``[exit code 0]``, ``Exit code:
+    0 / Wall time / Output:``, ``<system>...</system>``); those are dropped.
+    """
+    lines = [line.strip() for line in _SYSTEM_NOTE.sub("", text).splitlines()]
+    kept = [line for line in lines if line and not _DECORATION.match(line)]
+    return kept[-1] if kept else None
+
+
+def _text(message: Mapping[str, Any]) -> str:
+    content = message.get("content", "")
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return str(content or "")
+
+
+class ScriptedPolicy:
+    """The oracle, replayed through whatever harness the episode uses.
+
+    Usage::
+
+        runner = EpisodeRunner(ScriptedPolicy(), backend=DockerBackend())
+    """
+
+    name = "scripted-oracle"
+
+    def __init__(self, *, version: int = 0) -> None:
+        self._version = version
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def for_episode(self, ctx: EpisodeContext) -> Policy:
+        """The per-episode policy that knows the task, the variant and the harness."""
+        return _OracleReplay(self, ctx)
+
+    async def generate(self, prompt: Prompt, sampling: SamplingParams, budget: ThinkingBudget | None = None) -> Generation:
+        raise PolicyError("ScriptedPolicy needs its episode: run it through EpisodeRunner (which calls for_episode)")
+
+
+class _OracleReplay:
+    """One episode of ``ScriptedPolicy``: turn 1 runs the oracle, every later turn submits."""
+
+    def __init__(self, parent: ScriptedPolicy, ctx: EpisodeContext) -> None:
+        self.name = parent.name
+        self._parent = parent
+        self._ctx = ctx
+        self._turn = 0
+
+    @property
+    def version(self) -> int:
+        return self._parent.version
+
+    async def generate(self, prompt: Prompt, sampling: SamplingParams, budget: ThinkingBudget | None = None) -> Generation:
+        started = time.monotonic()
+        harness, task, variant = self._ctx.harness, self._ctx.task, self._ctx.variant
+        if not isinstance(harness, BaseHarness):
+            raise PolicyError(f"ScriptedPolicy writes calls with BaseHarness.from_intent; {type(harness).__name__} is not one")
+        if self._turn == 0:
+            script = task.oracle_script(variant)
+            if script is None:
+                raise PolicyError(f"task {task.id!r} has no oracle script to replay (its oracle is Python code)")
+            timeout = min(float(task.limits.wall_time_s), ORACLE_TIMEOUT_S)
+            intent = Intent("exec_shell", {"command": oracle_command(script), "timeout_s": timeout})
+        else:
+            answer = None
+            if task.oracle_answers():
+                tool_results = [m for m in prompt.messages if m.get("role") == "tool"]
+                answer = answer_from_observation(_text(tool_results[-1])) if tool_results else None
+            intent = Intent("submit", {"answer": answer})
+        self._turn += 1
+        text = harness.render_turn([intent])
+        return Generation(
+            text=text,
+            token_ids=(),
+            logprobs=(),
+            finish_reason=FinishReason.STOP,
+            policy_version=self.version,
+            latency_s=time.monotonic() - started,
+        )
+
+
+__all__ = ["ORACLE_TIMEOUT_S", "ScriptedPolicy", "answer_from_observation", "oracle_command"]

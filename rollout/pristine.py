@@ -1,0 +1,182 @@
+"""Warm sandboxes already at a task variant's pristine state (the task after its setup).
+
+Why two caches: setup depends on the variant (files drawn from the seed), so a
+pool cannot hold "the pristine state of a task"; but every variant of tasks
+sharing an image starts from the same fresh container. So there is one
+``SandboxPool`` per sandbox spec, keeping fresh containers warm, and one FAST
+snapshot per (task, seed, spec) taken right after setup. An episode gets a
+warm container with its variant's snapshot applied (``pool.restore``): a group
+of G samples of one variant runs setup once, not G times. The first episode of
+a variant runs setup in its own sandbox and snapshots it before acting, so it
+pays no extra container.
+
+Both caches are bounded (LRU): an evicted snapshot is simply re-made by the
+next episode of that variant; an evicted pool is closed only once no sandbox
+of it is leased.
+
+Blocking: every method here is synchronous (Docker calls); the episode runner
+calls them from worker threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from agentenv.types import Task, Variant
+from sandboxes.pool import SandboxPool
+from sandboxes.types import Sandbox, SandboxBackend, SandboxSpec, SnapshotKind, SnapshotRef
+
+log = logging.getLogger(__name__)
+
+MAX_POOLS = 8  # sandbox specs (images) with a warm pool at once
+MAX_PRISTINE = 512  # (task, seed) snapshots remembered
+ACQUIRE_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A sandbox at a variant's pristine state, and the pool it goes back to."""
+
+    sandbox: Sandbox
+    pool: SandboxPool
+    fresh_setup: bool  # True when setup ran for this episode (the variant's first)
+
+
+class PristineSandboxes:
+    """Hands out sandboxes at a variant's pristine state; see the module docstring.
+
+    Usage::
+
+        sandboxes = PristineSandboxes(backend, pool_size=2)
+        lease = sandboxes.acquire(task, task.variant(3))
+        ...                                   # the episode
+        sandboxes.release(lease)
+        sandboxes.close()
+    """
+
+    def __init__(self, backend: SandboxBackend, *, pool_size: int = 2) -> None:
+        self.backend = backend
+        self.pool_size = pool_size
+        self._build = getattr(backend, "name", "") != "local"  # the local backend ignores images
+        self._pools: OrderedDict[str, SandboxPool] = OrderedDict()
+        self._leases: dict[str, int] = {}  # spec key -> sandboxes out
+        self._specs: dict[str, SandboxSpec] = {}  # task id -> spec (sandbox_spec() may build an image)
+        self._pristine: OrderedDict[tuple[str, int, str], SnapshotRef] = OrderedDict()
+        self._variant_locks: dict[tuple[str, int, str], threading.Lock] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self.stats = {"setups": 0, "restores": 0}
+
+    # ------------------------------------------------------------ public
+
+    def spec(self, task: Task) -> SandboxSpec:
+        with self._lock:
+            spec = self._specs.get(task.id)
+        if spec is None:
+            spec = task.sandbox_spec(build=self._build)
+            with self._lock:
+                self._specs[task.id] = spec
+        return spec
+
+    def acquire(self, task: Task, variant: Variant) -> Lease:
+        """A sandbox at ``variant``'s pristine state. Raises what setup or the backend raise."""
+        spec = self.spec(task)
+        pool = self._pool(spec)
+        key = (task.id, variant.seed, spec.key())
+        try:
+            with self._variant_lock(key):  # one setup per variant; its other episodes wait, then restore
+                ref = self._cached(key)
+                if ref is None:
+                    sandbox = pool.acquire(timeout=ACQUIRE_TIMEOUT_S)
+                    try:
+                        task.setup(sandbox, variant)
+                        ref = sandbox.snapshot(SnapshotKind.FAST)
+                    except BaseException:
+                        pool.release(sandbox)
+                        raise
+                    self._remember(key, ref)
+                    self.stats["setups"] += 1
+                    return Lease(sandbox, pool, fresh_setup=True)
+            sandbox = pool.restore(ref, timeout=ACQUIRE_TIMEOUT_S)
+            self.stats["restores"] += 1
+            return Lease(sandbox, pool, fresh_setup=False)
+        except BaseException:
+            self._returned(pool)
+            raise
+
+    def release(self, lease: Lease) -> None:
+        """Give the sandbox back (destroyed and replaced in the background by its pool)."""
+        try:
+            lease.pool.release(lease.sandbox)
+        finally:
+            self._returned(lease.pool)
+
+    def forget(self, task_id: str, seed: int) -> None:
+        """Drop a variant's snapshot (it will be set up again), e.g. after a restore from it failed."""
+        with self._lock:
+            for key in [k for k in self._pristine if k[:2] == (task_id, seed)]:
+                del self._pristine[key]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pools = list(self._pools.values())
+            self._pools.clear()
+        for pool in pools:
+            pool.close()
+
+    # ------------------------------------------------------------ internals
+
+    def _pool(self, spec: SandboxSpec) -> SandboxPool:
+        key = spec.key()
+        doomed: list[SandboxPool] = []
+        with self._lock:
+            if self._closed:
+                from sandboxes.errors import PoolClosed
+
+                raise PoolClosed("the episode runner's sandboxes are closed")
+            pool = self._pools.get(key)
+            if pool is None:
+                pool = SandboxPool(self.backend, spec, size=self.pool_size, max_size=max(4 * self.pool_size, 4))
+                self._pools[key] = pool
+                idle = [k for k in self._pools if k != key and not self._leases.get(k)]
+                while len(self._pools) > MAX_POOLS and idle:
+                    doomed.append(self._pools.pop(idle.pop(0)))
+            self._pools.move_to_end(key)
+            self._leases[key] = self._leases.get(key, 0) + 1
+        for old in doomed:
+            old.close()
+        return pool
+
+    def _returned(self, pool: SandboxPool) -> None:
+        with self._lock:
+            key = pool.spec.key()
+            self._leases[key] = max(self._leases.get(key, 1) - 1, 0)
+
+    def _variant_lock(self, key: tuple[str, int, str]) -> threading.Lock:
+        with self._lock:
+            lock = self._variant_locks.get(key)
+            if lock is None:
+                if len(self._variant_locks) > 4 * MAX_PRISTINE:  # unused locks of old variants
+                    self._variant_locks = {k: v for k, v in self._variant_locks.items() if v.locked()}
+                lock = self._variant_locks[key] = threading.Lock()
+            return lock
+
+    def _cached(self, key: tuple[str, int, str]) -> SnapshotRef | None:
+        with self._lock:
+            ref = self._pristine.get(key)
+            if ref is not None:
+                self._pristine.move_to_end(key)
+            return ref
+
+    def _remember(self, key: tuple[str, int, str], ref: SnapshotRef) -> None:
+        with self._lock:
+            self._pristine[key] = ref
+            while len(self._pristine) > MAX_PRISTINE:
+                self._pristine.popitem(last=False)
+
+
+__all__ = ["Lease", "PristineSandboxes"]
