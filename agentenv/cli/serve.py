@@ -1,0 +1,27 @@
+"""``agentenv serve MODEL``: an OpenAI-compatible server for a local model (see ``rollout.serve``)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+
+
+def serve(
+    model: str = typer.Argument(..., help="A local checkpoint directory, or 'tiny' for a fresh seeded tiny model."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; keep loopback unless you mean to share it."),
+    port: int = typer.Option(8000, help="TCP port."),
+    device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda:0."),
+    seed: int = typer.Option(0, help="Initialisation seed of the 'tiny' model."),
+    served_name: str = typer.Option("", help="Model name clients must send (default: MODEL as given)."),
+    max_tokens: int = typer.Option(256, help="Completion length when a chat request sets none."),
+) -> None:
+    """Serve MODEL at http://HOST:PORT/v1 (chat completions with tools, completions, logprobs, token ids)."""
+    from rollout.serve import serve as run
+
+    try:
+        run(model, host, port, device=device, seed=seed, served_name=served_name or None, default_max_tokens=max_tokens)
+    except FileNotFoundError as exc:
+        raise typer.BadParameter(str(exc), param_hint="MODEL") from exc

@@ -1,0 +1,281 @@
+"""``agentenv serve MODEL``: a local HF model behind an OpenAI-compatible HTTP API.
+
+Why: the production path talks to vLLM / SGLang over HTTP; serving the tiny
+local model the same way lets the HTTP path (``OpenAIPolicy``, the official
+``openai`` client) be tested for real, and lets local tools point at a model
+under training. Sampling is ``HFPolicy``'s, so a request with a seed returns the
+same tokens and logprobs as ``HFPolicy.generate`` in-process.
+
+Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (messages + tools
+rendered with the tokenizer's chat template; the reply carries parsed
+``tool_calls``, ``reasoning_content``, ``logprobs.content``), ``POST
+/v1/completions`` (prompt as text or token ids). Beyond OpenAI, as vLLM names
+them: ``prompt_token_ids`` (response, and each completions choice) and
+``token_ids`` (each choice); request flags ``return_tokens_as_token_ids``
+(logprob ``token`` strings become ``"token_id:N"``) and ``return_token_ids``
+(accepted; ids are always returned). Ours: request ``thinking_budget`` (int)
+and response ``agentenv`` = ``{policy_version, sampled_mask, budget_closed,
+thinking_tokens}``.
+
+Differences from OpenAI / vLLM, on purpose: stop strings stay in the returned
+text (tool calls end with one; ``include_stop_str_in_output`` is accepted and
+always true), ``n`` must be 1, no streaming, no ``echo``. The reported logprob
+is ``HFPolicy``'s (fp32 log-softmax at the request's temperature, before top-p).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+
+from rollout.harnesses.parsing import extract_text
+from rollout.policy.hf import HFPolicy
+from rollout.policy.types import FinishReason, Generation, PolicyError, Prompt, SamplingParams, ThinkingBudget
+
+
+class _Sampling(BaseModel):
+    """Fields both endpoints share. Unknown fields are ignored, like most servers do."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = 1
+    stream: bool = False
+    return_tokens_as_token_ids: bool = False
+    return_token_ids: bool = True
+    include_stop_str_in_output: bool = True
+    thinking_budget: int | None = None
+
+    def sampling(self, default_max: int) -> SamplingParams:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            max_new_tokens=default_max if self.max_tokens is None else self.max_tokens,
+            stop=stop,
+            seed=self.seed,
+        )
+
+    def budget(self) -> ThinkingBudget | None:
+        return None if self.thinking_budget is None else ThinkingBudget(self.thinking_budget)
+
+
+class ChatRequest(_Sampling):
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+def _finish(g: Generation, has_calls: bool) -> str:
+    if g.finish_reason is FinishReason.STOP:
+        return "tool_calls" if has_calls else "stop"
+    return "length"
+
+
+def _ext(g: Generation) -> dict[str, Any]:
+    return {
+        "policy_version": g.policy_version,
+        "sampled_mask": list(g.loss_mask),
+        "budget_closed": g.budget_closed,
+        "thinking_tokens": g.thinking_tokens,
+    }
+
+
+def split_tool_calls(text: str) -> tuple[str | None, str | None, list[dict[str, Any]]]:
+    """``(content, reasoning, tool_calls)`` from template text, as an OpenAI assistant message.
+
+    When any call is malformed, the text goes back as ``content`` with no
+    ``tool_calls``, so the client's harness parses it and reports the error in
+    its own words (what a server without a tool parser would do).
+    """
+    ex = extract_text(text, "call_", 64)
+    if ex.errors:
+        rest = text.split("</think>", 1)[1].lstrip("\n") if ex.reasoning and "</think>" in text else text
+        return rest or None, ex.reasoning or None, []
+    calls = [
+        {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments))}}
+        for c in ex.calls
+    ]
+    return ex.text or None, ex.reasoning or None, calls
+
+
+def create_app(policy: HFPolicy, model_name: str, *, default_max_tokens: int = 256) -> FastAPI:
+    """The FastAPI app serving ``policy`` under ``model_name``."""
+    app = FastAPI(title="agentenv serve", version="1")
+    tok = policy.tokenizer
+    started = int(time.time())
+
+    @app.exception_handler(_HTTPError)
+    async def _http_error(_: Request, exc: _HTTPError) -> JSONResponse:
+        return JSONResponse({"error": {"message": exc.message, "type": exc.kind, "code": exc.status}}, exc.status)
+
+    def _check(req: _Sampling) -> None:
+        if req.model != model_name:
+            raise _HTTPError(404, f"model {req.model!r} not found; this server serves {model_name!r}", "not_found_error")
+        if req.n != 1 or req.stream:
+            raise _HTTPError(400, "only n=1 without streaming is supported")
+
+    async def _run(ids: list[int], req: _Sampling, max_tokens: int | None = None) -> Generation:
+        sampling = req.sampling(default_max_tokens)
+        if max_tokens is not None:
+            sampling = SamplingParams(sampling.temperature, sampling.top_p, max_tokens, sampling.stop, sampling.seed)
+        try:
+            return await policy.generate(Prompt(token_ids=ids), sampling, req.budget())
+        except ValueError as exc:
+            raise _HTTPError(400, str(exc)) from exc
+        except PolicyError as exc:
+            raise _HTTPError(500, str(exc), "server_error") from exc
+
+    def _token_str(t: int, as_ids: bool) -> str:
+        return f"token_id:{t}" if as_ids else str(tok.decode([t]))
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": started, "owned_by": "agentenv"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest) -> dict[str, Any]:
+        _check(req)
+        try:
+            text = tok.apply_chat_template(
+                req.messages, tools=req.tools or None, tokenize=False, add_generation_prompt=True,
+                **(req.chat_template_kwargs or {}),
+            )
+        except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
+            raise _HTTPError(400, f"messages could not be rendered with the chat template ({exc})") from exc
+        ids = list(tok.encode(str(text), add_special_tokens=False))
+        g = await _run(ids, req, req.max_completion_tokens or req.max_tokens)
+        content, reasoning, calls = split_tool_calls(g.text)
+        logprobs = None
+        if req.logprobs:
+            logprobs = {"content": [
+                {"token": _token_str(t, req.return_tokens_as_token_ids), "logprob": lp,
+                 "bytes": list(tok.decode([t]).encode()), "top_logprobs": []}
+                for t, lp in zip(g.token_ids, g.logprobs)
+            ]}
+        message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+        if calls:
+            message["tool_calls"] = calls
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model_name,
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs,
+                         "finish_reason": _finish(g, bool(calls)), "token_ids": list(g.token_ids)}],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(g.token_ids), "total_tokens": len(ids) + len(g.token_ids)},
+            "prompt_token_ids": ids,
+            "agentenv": _ext(g),
+        }
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest) -> dict[str, Any]:
+        _check(req)
+        if req.echo:
+            raise _HTTPError(400, "echo is not supported")
+        prompt: Any = req.prompt
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            ids = list(tok.encode(prompt, add_special_tokens=False))
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            ids = [int(t) for t in prompt]
+        else:
+            raise _HTTPError(400, "prompt must be one string or one non-empty list of token ids")
+        if max(ids, default=0) >= len(tok) or min(ids, default=0) < 0:
+            raise _HTTPError(400, f"prompt token ids must be in [0, {len(tok)})")
+        g = await _run(ids, req, 16 if req.max_tokens is None else None)
+        logprobs = None
+        if req.logprobs is not None:
+            pieces = [str(tok.decode([t])) for t in g.token_ids]
+            offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+            logprobs = {"tokens": [_token_str(t, req.return_tokens_as_token_ids) for t in g.token_ids],
+                        "token_logprobs": list(g.logprobs), "top_logprobs": None, "text_offset": offsets}
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": model_name,
+            "choices": [{"index": 0, "text": g.text, "logprobs": logprobs, "finish_reason": _finish(g, False),
+                         "token_ids": list(g.token_ids), "prompt_token_ids": ids}],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(g.token_ids), "total_tokens": len(ids) + len(g.token_ids)},
+            "prompt_token_ids": ids,
+            "agentenv": _ext(g),
+        }
+
+    return app
+
+
+@contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, *, timeout_s: float = 30.0) -> Iterator[str]:
+    """Run ``app`` with uvicorn in a daemon thread; yields the base URL (``http://host:port/v1``).
+
+    ``port=0`` picks a free port. Used by tests and by tools that want a local
+    endpoint next to a model under training.
+    """
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound_port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True, name="agentenv-serve")
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise RuntimeError(f"agentenv serve: server on {host}:{bound_port} did not start within {timeout_s}s")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{bound_port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout_s)
+        sock.close()
+
+
+def serve(model: str, host: str = "127.0.0.1", port: int = 8000, *, device: str = "cpu", seed: int = 0,
+          served_name: str | None = None, default_max_tokens: int = 256) -> None:
+    """Load ``model`` (a local checkpoint path, or ``"tiny"``) and serve it until interrupted."""
+    import uvicorn
+
+    from rollout.policy.models import load_model
+
+    loaded, tok = load_model(model, device=device, seed=seed)
+    name = served_name or model
+    policy = HFPolicy(loaded, tok, device=device, name=f"hf:{name}")
+    uvicorn.run(create_app(policy, name, default_max_tokens=default_max_tokens), host=host, port=port, log_level="info")
+
+
+__all__ = ["ChatRequest", "CompletionRequest", "create_app", "serve", "serve_in_thread", "split_tool_calls"]
