@@ -1,0 +1,286 @@
+"""Rollout workers: an async Ray actor per Docker daemon slot, and the driver-side client that survives its death.
+
+``RolloutWorker`` owns a sandbox backend and an ``EpisodeRunner`` (whose warm
+pools therefore live on the worker's node, next to their Docker daemon) and
+runs many episodes at once on one event loop: an episode spends nearly all its
+time waiting on a container or a model server, so concurrency inside one
+process is what fills a node, not more processes. It is placed by a custom
+resource (``RayConfig.worker_resource``, e.g. ``{"docker_daemon": 1}``) that
+only nodes with a Docker daemon declare.
+
+Weights: ``set_policy_version(version, weights)`` only records the new version;
+it is applied when the next episode starts, so an episode's first turn never
+races a swap. Episodes already running see the new weights from their next
+turn on, which the runner records per turn (``Turn.policy_version``).
+
+``RayWorkerClient`` is what the scheduler talks to. When the actor dies under
+an episode (``ray.kill``, OOM, node lost: ``RayActorError``) it waits for Ray's
+restart (``max_restarts``) or, restarts spent, creates a new actor, then raises
+``WorkerLost`` so the scheduler reruns the episode. The new actor's pool sweeps
+the containers the dead one left (they carry its pid, see ``sandboxes.labels``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from rollout.config import PolicyConfig, RolloutConfig, SamplingConfig
+from rollout.policy.types import Policy, SamplingParams
+from rollout.scheduler import WorkerLost
+from rollout.types import Trajectory
+
+if TYPE_CHECKING:
+    from rollout.episode import EpisodeRequest
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RayWorkerClient", "RolloutWorker", "WorkerSpec", "apply_version", "build_policy", "start_worker"]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to build itself on its node. Plain data: it pickles."""
+
+    run_id: str
+    policy: PolicyConfig
+    sampling: SamplingConfig
+    backend: Literal["docker", "local"] = "docker"
+    pool_size: int = 2
+    sandbox_retries: int = 1
+
+    @classmethod
+    def from_config(cls, cfg: RolloutConfig) -> WorkerSpec:
+        return cls(cfg.run_id, cfg.policy, cfg.sampling, cfg.backend, cfg.pool_size, cfg.retries.sandbox_acquire)
+
+
+def apply_version(policy: Any, version: int, weights: Any = None) -> Any:
+    """The policy to run the next episodes with, at weights ``version``.
+
+    A model policy swaps its weights in place (``set_weights``, between its own
+    turns) and keeps its identity; without weights its version stays, since a
+    number alone must not relabel old weights as new. A policy with no weights
+    (the scripted oracle) is replaced by one reporting the new version, so
+    episodes already running keep the one they were bound to.
+    """
+    if callable(getattr(policy, "set_weights", None)):
+        if weights is not None:
+            policy.set_weights(weights, version)
+        return policy
+    if callable(getattr(policy, "set_version", None)):
+        policy.set_version(version)
+        return policy
+    from rollout.policy.scripted import ScriptedPolicy
+
+    if isinstance(policy, ScriptedPolicy):
+        return ScriptedPolicy(version=version)
+    raise TypeError(f"policy {type(policy).__name__} can take neither weights nor a version")
+
+
+def build_policy(cfg: PolicyConfig) -> tuple[Policy, Any]:
+    """The worker's policy and tokenizer (None when the runner needs none). Imports lazily: a scripted
+    run never imports torch."""
+    if cfg.kind == "scripted":
+        from rollout.policy.scripted import ScriptedPolicy
+
+        return ScriptedPolicy(), None
+    if cfg.kind == "hf":
+        from rollout.policy.hf import HFPolicy
+
+        policy = HFPolicy(str(cfg.checkpoint), device=cfg.device)
+        return policy, policy.tokenizer
+    from rollout.policy.openai_policy import OpenAIPolicy
+
+    key = os.environ.get(cfg.api_key_env, "EMPTY")
+    return OpenAIPolicy(base_url=cfg.url, model=cfg.model, api_key=key, timeout=cfg.timeout_s), None  # type: ignore[call-arg]
+
+
+def _backend(kind: str, run_id: str) -> Any:
+    if kind == "local":
+        from sandboxes.local_backend import LocalBackend
+
+        return LocalBackend()
+    from sandboxes.docker_backend import DockerBackend
+
+    return DockerBackend(run_id=run_id)
+
+
+class RolloutWorker:
+    """The body of the worker actor (``start_worker`` wraps it with ``ray.remote``).
+
+    Usable without Ray too (tests, a debugger): ``await RolloutWorker(spec).run(request)``.
+    """
+
+    def __init__(self, spec: WorkerSpec, index: int = 0) -> None:
+        from rollout.episode import EpisodeRunner
+
+        self.spec = spec
+        self.index = index
+        self.backend = _backend(spec.backend, spec.run_id)
+        policy, tokenizer = build_policy(spec.policy)
+        s = spec.sampling
+        self.runner = EpisodeRunner(
+            policy,
+            backend=self.backend,
+            tokenizer=tokenizer,
+            sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens),
+            pool_size=spec.pool_size,
+            store=None,  # the scheduler writes, after the staleness check
+            sandbox_retries=spec.sandbox_retries,
+        )
+        self._pending: tuple[int, Any] | None = None
+        self.running = 0
+        self.finished = 0
+        self._closed = False
+
+    async def run(self, request: EpisodeRequest) -> Trajectory:
+        """One episode; never raises for an episode failure (the trajectory's status says it)."""
+        if self._closed:
+            raise RuntimeError(f"worker {self.index} is closed")
+        if self._pending is not None:  # between episodes: the new weights start with this one
+            version, weights = self._pending
+            self._pending = None
+            self.runner.policy = apply_version(self.runner.policy, version, weights)
+        self.running += 1
+        try:
+            return await self.runner.run(request)
+        finally:
+            self.running -= 1
+            self.finished += 1
+
+    def set_policy_version(self, version: int, weights: Any = None) -> None:
+        """Take weights ``version`` (and the weights, for a model policy) before the next episode."""
+        if version < self.runner.policy.version:
+            return  # a late broadcast of an older version must not roll the worker back
+        self._pending = (version, weights)
+
+    def info(self) -> dict[str, Any]:
+        """Where the worker lives and what it is doing (also the liveness ping of the client)."""
+        return {
+            "index": self.index,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "version": self.runner.policy.version,
+            "running": self.running,
+            "finished": self.finished,
+        }
+
+    def close(self) -> None:
+        """Release every sandbox (pools and the backend's containers); later ``run`` calls fail."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.runner.close()
+        finally:
+            self.backend.close()
+
+
+def start_worker(cfg: RolloutConfig, index: int) -> Any:
+    """A new ``RolloutWorker`` actor for ``cfg``: async, ``concurrency`` episodes at once, placed by
+    ``cfg.ray.worker_resource``, restarted by Ray up to ``retries.worker_restarts`` times."""
+    import ray
+
+    options: dict[str, Any] = {
+        "max_concurrency": cfg.concurrency + 4,  # + room for info / set_policy_version / close
+        "max_restarts": cfg.retries.worker_restarts,
+        "max_task_retries": 0,  # the scheduler reruns episodes itself, counted
+        "num_cpus": cfg.ray.worker_cpus,
+    }
+    if cfg.ray.worker_resource:
+        options["resources"] = {cfg.ray.worker_resource: 1}
+    actor_cls = ray.remote(RolloutWorker)
+    return actor_cls.options(**options).remote(WorkerSpec.from_config(cfg), index)  # type: ignore[attr-defined]
+
+
+class RayWorkerClient:
+    """The scheduler's handle on one worker actor; replaces the actor when it dies.
+
+    ``make`` creates a fresh actor (``lambda: start_worker(cfg, i)``).
+    """
+
+    def __init__(self, make: Any, slots: int, *, ping_timeout_s: float = 120.0) -> None:
+        self._make = make
+        self.actor = make()
+        self.slots = slots
+        self.generation = 0
+        self.restarts = 0
+        self.ping_timeout_s = ping_timeout_s
+        self._lock: asyncio.Lock | None = None
+        self._latest: tuple[int, Any] | None = None  # pushed again to a restarted or new actor
+
+    async def run(self, request: EpisodeRequest) -> Trajectory:
+        import ray
+        from ray.exceptions import RayActorError
+
+        generation = self.generation
+        ref = self.actor.run.remote(request)
+        try:
+            return await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref)  # abort the episode on the worker too (its sandbox is released there)
+            raise
+        except RayActorError as exc:
+            await self._recover(generation)
+            raise WorkerLost(f"worker died running {request.episode_id}: {type(exc).__name__}") from exc
+
+    async def _recover(self, generation: int) -> None:
+        """Once per death (many episodes fail together): wait for Ray's restart, else re-create."""
+        import ray
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        self._lock = self._lock or asyncio.Lock()
+        async with self._lock:
+            if generation != self.generation:
+                return  # another episode of the same death already recovered
+            self.generation += 1
+            self.restarts += 1
+            deadline = asyncio.get_running_loop().time() + self.ping_timeout_s
+            while True:
+                try:
+                    await asyncio.wait_for(self.actor.info.remote(), timeout=self.ping_timeout_s)
+                    await self._catch_up()
+                    return  # Ray restarted it (max_restarts)
+                except ActorUnavailableError:
+                    if asyncio.get_running_loop().time() > deadline:
+                        break
+                    await asyncio.sleep(0.5)  # restarting
+                except (RayActorError, asyncio.TimeoutError):
+                    break  # dead for good
+            try:
+                ray.kill(self.actor, no_restart=True)
+            except Exception as exc:  # already gone
+                log.debug("kill of a dead worker: %r", exc)
+            self.actor = self._make()
+            await self._catch_up()
+
+    async def _catch_up(self) -> None:
+        # a restarted actor runs __init__ again, at version 0: give it the learner's latest
+        if self._latest is not None:
+            await self.set_policy_version(*self._latest)
+
+    async def set_policy_version(self, version: int, weights: Any = None) -> None:
+        from ray.exceptions import RayActorError
+
+        self._latest = (version, weights)
+        try:
+            await self.actor.set_policy_version.remote(version, weights)
+        except RayActorError:
+            pass  # a dead worker's replacement starts at the version the scheduler dispatches with
+
+    async def info(self) -> dict[str, Any]:
+        return await self.actor.info.remote()  # type: ignore[no-any-return]
+
+    async def close(self, timeout_s: float = 60.0) -> None:
+        """Release the worker's sandboxes, then end the actor."""
+        import ray
+
+        try:
+            await asyncio.wait_for(self.actor.close.remote(), timeout=timeout_s)
+        except Exception as exc:  # dead or stuck: the reaper removes what it left
+            log.warning("worker close failed: %r", exc)
+        ray.kill(self.actor, no_restart=True)
