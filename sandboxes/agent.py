@@ -441,7 +441,10 @@ def main():
     os.dup2(2, 1)  # stray prints go to stderr, never into the protocol stream
     sys.stdout = sys.stderr
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the selector through set_wakeup_fd
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # SIGPIPE stays ignored here (Python's default): writing a command's stdin after the command
+    # exited must raise BrokenPipeError in run_io, not kill the agent. Children get SIG_DFL back
+    # through Popen(restore_signals=True).
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     while True:
         try:
             head_len, payload_len = FRAME.unpack(read_exact(0, FRAME.size))
@@ -450,7 +453,11 @@ def main():
         except EOFError:
             return
         header, body = handle(req, payload)
-        send(out_fd, header, body)
+        try:
+            send(out_fd, header, body)
+        except BrokenPipeError:
+            return  # the host side hung up: nobody is left to answer
+
 
 
 if __name__ == "__main__":

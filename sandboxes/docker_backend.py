@@ -223,7 +223,12 @@ class DockerSandbox:
         return [FileEntry(**e) for e in json.loads(body)]
 
     def snapshot(self, kind: SnapshotKind = SnapshotKind.FAST, *, tag: str | None = None) -> SnapshotRef:
-        return self._backend.snapshots.take(self, kind, tag=tag)
+        if self._closed:
+            raise self._lost("snapshot() after close()")
+        try:
+            return self._backend.snapshots.take(self, kind, tag=tag)
+        except docker.errors.NotFound as exc:
+            raise self._lost(f"the container vanished during the snapshot: {exc.explanation}") from exc
 
     def close(self) -> None:
         if self._closed:
