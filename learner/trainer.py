@@ -1,0 +1,299 @@
+"""One optimizer step from a list of samples with advantages, and exact checkpoint / resume.
+
+``Trainer.step(items)`` packs the items into micro-batches
+(``learner.packing``), runs forward + backward on each with the loss
+normalised by the *whole* step's token / sequence counts (so the gradient does
+not depend on the packing), clips the gradient norm, takes one AdamW step and
+one LR-schedule step, publishes the weights with the new version number
+(``learner.publish``), and returns ``StepMetrics``.
+
+Synchronous by design for now: the proximal policy of the clip ratio is the
+current one (one optimizer step per batch of rollouts); staleness of the
+rollouts is corrected by the importance weights. The asynchronous mode of the
+RL loop feeds the same ``step``.
+
+Exact resume: ``save`` writes the model (``save_pretrained``), the optimizer
+and scheduler states, the step and data position the caller tracks, and every
+RNG state (python, numpy, torch CPU and CUDA); ``Trainer.resume`` restores all
+of it, so "train 4 steps" and "train 2, save, resume in a new object, train 2"
+end with bit-identical weights (tested on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from learner.losses import policy_loss
+from learner.metrics import trajectory_splits
+from learner.model import PolicyModel
+from learner.packing import pack
+from learner.publish import WeightPublisher
+from learner.types import LossConfig, StepMetrics, TrainerConfig, TrainItem
+from rollout.types import Trajectory
+
+__all__ = ["Trainer", "TrainerState", "lr_factor"]
+
+_STATE_FILE = "trainer_state.pt"
+_CONFIG_FILE = "trainer_config.json"
+
+
+def lr_factor(cfg: TrainerConfig, step: int) -> float:
+    """LR multiplier after ``step`` scheduler steps: linear warmup, then constant / linear / cosine decay."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant" or cfg.total_steps is None:
+        return 1.0
+    span = max(cfg.total_steps - cfg.warmup_steps, 1)
+    progress = min((step - cfg.warmup_steps) / span, 1.0)
+    if cfg.schedule == "linear":
+        decay = 1.0 - progress
+    else:
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
+
+
+@dataclass
+class TrainerState:
+    """What a resume must restore besides tensors: steps taken and where the caller's data stream stands."""
+
+    step: int = 0
+    data_position: int = 0
+
+
+def _rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Trainer:
+    """Takes optimizer steps on ``model`` with the one policy-gradient loss.
+
+    >>> trainer = Trainer(PolicyModel.from_config(cfg), LossConfig.dapo(), TrainerConfig(lr=1e-5))  # doctest: +SKIP
+    >>> metrics = trainer.step(items_from_groups(store.groups(run, size=8), AdvantageConfig()))  # doctest: +SKIP
+
+    ``ref_model``: a frozen reference for the KL term, used when
+    ``loss_cfg.kl_coef > 0`` and the items carry no ``ref_logprobs``.
+    """
+
+    def __init__(
+        self,
+        model: PolicyModel,
+        loss_cfg: LossConfig,
+        cfg: TrainerConfig | None = None,
+        *,
+        publisher: WeightPublisher | None = None,
+        ref_model: PolicyModel | None = None,
+    ) -> None:
+        self.model = model
+        self.loss_cfg = loss_cfg
+        self.cfg = cfg or TrainerConfig()
+        self.publisher = publisher
+        self.ref_model = ref_model
+        self.state = TrainerState()
+        self.device = model.device
+        self.bf16 = self.cfg.bf16 if self.cfg.bf16 is not None else self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, eps=self.cfg.adam_eps,
+            weight_decay=self.cfg.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, self.cfg))
+        self.last_published: str | None = None
+
+    @property
+    def version(self) -> int:
+        """The weights' version: the number of optimizer steps taken."""
+        return self.state.step
+
+    def _autocast(self) -> Any:
+        if not self.bf16:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def _sync(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def step(
+        self,
+        items: Sequence[TrainItem],
+        *,
+        trajectories: Sequence[Trajectory] = (),
+        data_position: int | None = None,
+    ) -> StepMetrics:
+        """One optimizer step over all ``items``; ``trajectories`` only feed the reward / pass-rate splits.
+
+        ``data_position``: where the caller's data stream stands after this
+        batch (saved with checkpoints); default: advanced by ``len(items)``.
+        """
+        if not items:
+            raise ValueError("Trainer.step: expected at least one TrainItem, got none")
+        n_tok = sum(it.num_loss_tokens for it in items)
+        n_seq = sum(1 for it in items if it.num_loss_tokens > 0)
+        if n_tok == 0:
+            raise ValueError(f"Trainer.step: the {len(items)} items have no loss tokens (all masked)")
+        t_start = self._sync()
+        micro = pack(items, self.cfg.micro_batch_tokens, pad_to_multiple=self.cfg.pad_to_multiple)
+        t_packed = time.perf_counter()
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        acc = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip": 0.0, "w": 0.0, "masked": 0.0, "ent": 0.0}
+        w_min, w_max = math.inf, -math.inf
+        for mb in micro:
+            mb = mb.to(self.device)
+            with self._autocast():
+                logp_BT, ent_BT = self.model.logprobs(
+                    mb.input_ids_BT, mb.position_ids_BT, temperature=self.loss_cfg.temperature, with_entropy=True
+                )
+            ref_BT = mb.ref_logp_BT
+            if self.loss_cfg.kl_coef > 0 and ref_BT is None:
+                ref_BT = self._ref_logprobs(mb.input_ids_BT, mb.position_ids_BT)
+            out = policy_loss(
+                logp_BT, mb.rollout_logp_BT, mb.adv_BT, mb.loss_mask_BT, mb.seg_BT, self.loss_cfg,
+                ref_logp_BT=ref_BT, num_tokens=n_tok, num_seqs=n_seq,
+            )
+            out.loss.backward()
+            acc["loss"] += float(out.loss.detach())
+            acc["pg"] += out.pg_loss_sum
+            acc["kl"] += out.kl_sum
+            acc["clip"] += out.clipped_sum
+            acc["w"] += out.is_weight_sum
+            acc["masked"] += out.is_masked_sum
+            assert ent_BT is not None  # noqa: S101 - asked for with_entropy
+            acc["ent"] += float((ent_BT * mb.loss_mask_BT).sum())
+            w_min, w_max = min(w_min, out.is_weight_min), max(w_max, out.is_weight_max)
+        t_backward = self._sync()
+
+        clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        lr = float(self.scheduler.get_last_lr()[0])
+        self.optimizer.step()
+        self.scheduler.step()
+        self.state.step += 1
+        self.state.data_position = (
+            data_position if data_position is not None else self.state.data_position + len(items)
+        )
+        if self.publisher is not None and self.cfg.publish_every and self.state.step % self.cfg.publish_every == 0:
+            self.publish()
+        t_end = self._sync()
+
+        lengths = [len(it) for it in items]
+        return StepMetrics(
+            step=self.state.step, loss=acc["loss"], pg_loss=acc["pg"] / n_tok, kl=acc["kl"] / n_tok,
+            clip_frac=acc["clip"] / n_tok, is_weight_mean=acc["w"] / n_tok, is_weight_min=w_min,
+            is_weight_max=w_max, is_masked_frac=acc["masked"] / n_tok, entropy=acc["ent"] / n_tok,
+            grad_norm=grad_norm, lr=lr, num_samples=len(items), num_tokens=sum(lengths),
+            num_loss_tokens=n_tok, num_micro_batches=len(micro), seq_len_mean=sum(lengths) / len(lengths),
+            seq_len_max=max(lengths), response_len_mean=n_tok / len(items),
+            pack_s=t_packed - t_start, forward_backward_s=t_backward - t_packed, optimizer_s=t_end - t_backward,
+            total_s=t_end - t_start, splits=trajectory_splits(trajectories) if trajectories else {},
+        )
+
+    @torch.no_grad()
+    def _ref_logprobs(self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor) -> torch.Tensor:
+        if self.ref_model is None:
+            raise ValueError("Trainer: LossConfig.kl_coef > 0 needs ref_logprobs on the items or a ref_model")
+        self.ref_model.eval()
+        with self._autocast():
+            ref_BT, _ = self.ref_model.logprobs(input_ids_BT, position_ids_BT, temperature=self.loss_cfg.temperature)
+        return ref_BT
+
+    def publish(self) -> str | None:
+        """Hand the current weights to the publisher as version ``self.version``; returns where they went."""
+        if self.publisher is None:
+            return None
+        self.last_published = self.publisher(self.model, self.version)
+        return self.last_published
+
+    # ------------------------------------------------------------ checkpoints
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Everything ``resume`` needs, written to ``path.tmp`` and renamed (a crash leaves no half checkpoint)."""
+        final = Path(path)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save(tmp / "model")
+        torch.save(
+            {
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "state": vars(self.state).copy(),
+                "rng": _rng_state(),
+            },
+            tmp / _STATE_FILE,
+        )
+        configs = {"trainer": self.cfg.model_dump(mode="json"), "loss": self.loss_cfg.model_dump(mode="json")}
+        (tmp / _CONFIG_FILE).write_text(json.dumps(configs, indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        return final
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Restore weights, optimizer, scheduler, step, data position and RNG states from ``save(path)``."""
+        where = Path(path)
+        if not (where / _STATE_FILE).is_file():
+            raise FileNotFoundError(f"Trainer.load: {str(where)!r} has no {_STATE_FILE}; expected a Trainer.save dir")
+        shards = sorted((where / "model").glob("*.safetensors"))
+        if not shards:
+            raise FileNotFoundError(f"Trainer.load: no *.safetensors in {str(where / 'model')!r}")
+        with torch.no_grad():
+            for shard in shards:  # in place, so tied weights stay tied
+                self.model.lm.load_state_dict(load_file(str(shard), device=str(self.device)), strict=False)
+        blob = torch.load(where / _STATE_FILE, map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(blob["optimizer"])
+        self.scheduler.load_state_dict(blob["scheduler"])
+        self.state = TrainerState(**blob["state"])
+        _set_rng_state(blob["rng"])
+
+    @classmethod
+    def resume(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        device: str | torch.device = "cpu",
+        publisher: WeightPublisher | None = None,
+        ref_model: PolicyModel | None = None,
+        **model_kwargs: Any,
+    ) -> Trainer:
+        """A new trainer continuing exactly where ``save(path)`` left off (configs read from the checkpoint)."""
+        where = Path(path)
+        configs = json.loads((where / _CONFIG_FILE).read_text())
+        model = PolicyModel.from_pretrained(where / "model", **model_kwargs).to(device)
+        trainer = cls(
+            model, LossConfig.model_validate(configs["loss"]), TrainerConfig.model_validate(configs["trainer"]),
+            publisher=publisher, ref_model=ref_model,
+        )
+        trainer.load(where)
+        return trainer

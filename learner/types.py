@@ -1,0 +1,348 @@
+"""The learner's contract: what goes into an optimizer step and what comes out.
+
+Everything the trainer needs from rollout is in ``TrainItem`` (one training
+sequence with its advantage and the tags to split metrics by); ``TrainBatch``
+is one packed micro-batch of those, as tensors; ``LossConfig`` and
+``AdvantageConfig`` name every knob of the one policy-gradient loss and the
+advantage estimators; ``StepMetrics`` is what one optimizer step reports.
+
+Token alignment, used everywhere in ``learner``: position ``t`` of a ``_BT``
+tensor is about token ``t`` of the row -- its id, the rollout logprob of
+sampling it, its loss mask, its advantage. The trainer's logprob of token ``t``
+comes from the logits at ``t - 1``; the first token of each packed sample has
+no prediction and is always masked out (it is prompt anyway).
+
+Config knobs are pydantic (users write them in YAML); records are frozen
+dataclasses; batches hold tensors and are built only by ``learner.packing``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "AdvantageConfig",
+    "AdvantageEstimator",
+    "Aggregation",
+    "ISCorrection",
+    "LossConfig",
+    "LossOutput",
+    "LossVariant",
+    "StepMetrics",
+    "TrainBatch",
+    "TrainItem",
+    "TrainerConfig",
+]
+
+
+class LossVariant(str, enum.Enum):
+    """How the per-token objective treats the policy ratio ``r = pi_theta / pi_old``.
+
+    ``clip``: PPO/GRPO/DAPO clipped surrogate ``-min(r A, clip(r) A)``.
+    ``cispo``: ``-sg(clip(r)) A log pi``: clipping bounds the weight but never
+    removes a token's gradient. ``gspo``: the ratio is the length-normalised
+    sequence ratio (GSPO-token form, so per-token advantages still work).
+    """
+
+    CLIP = "clip"
+    CISPO = "cispo"
+    GSPO = "gspo"
+
+
+class Aggregation(str, enum.Enum):
+    """How per-token losses become one number.
+
+    ``token_mean``: sum over all loss tokens / their count (DAPO): long answers
+    weigh in proportion to their length. ``seq_mean_token_mean``: mean over
+    sequences of each sequence's token mean (original GRPO): every sequence
+    weighs the same, so a long wrong answer is penalised less per token.
+    ``constant``: sum / (num sequences x ``norm_length``) (Dr. GRPO): no length
+    bias, and the scale does not move with the batch's lengths.
+    """
+
+    TOKEN_MEAN = "token_mean"
+    SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
+    CONSTANT = "constant"
+
+
+class ISCorrection(str, enum.Enum):
+    """Rollout-vs-trainer mismatch correction with ``rho = pi_train / mu`` per token.
+
+    ``tis``: truncated, ``w = min(rho, cap)``. ``mis``: masked, ``w = rho`` inside
+    ``[mis_low, mis_high]`` and 0 outside (the token is dropped). ``none``: w = 1.
+    """
+
+    NONE = "none"
+    TIS = "tis"
+    MIS = "mis"
+
+
+class AdvantageEstimator(str, enum.Enum):
+    GRPO = "grpo"
+    DR_GRPO = "dr_grpo"
+    RLOO = "rloo"
+    REINFORCE_PP = "reinforce_pp"
+
+
+class LossConfig(BaseModel):
+    """Every knob of ``learner.losses.policy_loss``. Presets: ``grpo()``, ``dapo()``, ``cispo()``, ``gspo()``.
+
+    ``eps_low`` / ``eps_high`` bound the ratio to ``[1 - eps_low, 1 + eps_high]``
+    (for ``gspo`` the *sequence* ratio, which lives much closer to 1, hence
+    its tiny preset values). ``temperature`` is the sampling temperature: the
+    trainer divides logits by it so its logprobs are of the distribution the
+    rollout sampled from.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    variant: LossVariant = LossVariant.CLIP
+    eps_low: float = Field(0.2, ge=0.0)
+    eps_high: float = Field(0.2, ge=0.0)
+    aggregation: Aggregation = Aggregation.TOKEN_MEAN
+    norm_length: int | None = Field(None, ge=1, description="the fixed length L of aggregation=constant")
+    temperature: float = Field(1.0, gt=0.0)
+    kl_coef: float = Field(0.0, ge=0.0, description="weight of KL(pi_theta || pi_ref); 0 disables it")
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    is_correction: ISCorrection = ISCorrection.TIS
+    tis_cap: float = Field(2.0, gt=0.0)
+    mis_low: float = Field(0.5, ge=0.0)
+    mis_high: float = Field(2.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> LossConfig:
+        if self.aggregation is Aggregation.CONSTANT and self.norm_length is None:
+            raise ValueError("LossConfig.norm_length: aggregation='constant' needs a fixed length, got None")
+        if self.mis_low >= self.mis_high:
+            raise ValueError(f"LossConfig: expected mis_low < mis_high, got {self.mis_low} >= {self.mis_high}")
+        return self
+
+    @classmethod
+    def grpo(cls, **kw: object) -> LossConfig:
+        """DeepSeekMath GRPO: symmetric clip 0.2, sequence-mean of token-means."""
+        return cls.model_validate({"aggregation": Aggregation.SEQ_MEAN_TOKEN_MEAN} | kw)
+
+    @classmethod
+    def dapo(cls, **kw: object) -> LossConfig:
+        """DAPO: clip-higher (0.2 / 0.28) and token-level aggregation."""
+        return cls.model_validate({"eps_low": 0.2, "eps_high": 0.28, "aggregation": Aggregation.TOKEN_MEAN} | kw)
+
+    @classmethod
+    def cispo(cls, **kw: object) -> LossConfig:
+        """MiniMax-M1 CISPO: no lower bound on the IS weight (eps_low=1), only an upper one."""
+        return cls.model_validate(
+            {"variant": LossVariant.CISPO, "eps_low": 1.0, "eps_high": 4.0, "aggregation": Aggregation.TOKEN_MEAN}
+            | kw
+        )
+
+    @classmethod
+    def gspo(cls, **kw: object) -> LossConfig:
+        """Qwen GSPO: sequence ratio clipped to [1 - 3e-4, 1 + 4e-4], sequence-level mean."""
+        return cls.model_validate(
+            {"variant": LossVariant.GSPO, "eps_low": 3e-4, "eps_high": 4e-4,
+             "aggregation": Aggregation.SEQ_MEAN_TOKEN_MEAN} | kw
+        )
+
+
+class TrainerConfig(BaseModel):
+    """Optimizer, schedule, micro-batching and precision of ``learner.trainer.Trainer``.
+
+    ``micro_batch_tokens`` bounds one packed micro-batch (activation memory);
+    the optimizer step covers every item given to ``Trainer.step`` whatever the
+    number of micro-batches (gradient accumulation with global normalisers, so
+    the result does not depend on how the items were packed). ``bf16``:
+    autocast the forward pass to bf16; ``None`` = on CUDA only (CPU stays fp32).
+    ``schedule``: linear warmup over ``warmup_steps``, then constant, or linear /
+    cosine decay to ``min_lr_ratio x lr`` at ``total_steps``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(1e-6, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = Field(1e-8, gt=0.0)
+    grad_clip: float | None = Field(1.0, gt=0.0)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    total_steps: int | None = Field(None, ge=1)
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    micro_batch_tokens: int = Field(4096, ge=1)
+    pad_to_multiple: int = Field(1, ge=1)
+    bf16: bool | None = None
+    publish_every: int = Field(1, ge=0, description="publish weights every N steps; 0 never")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerConfig:
+        if self.schedule != "constant" and self.total_steps is None:
+            raise ValueError(f"TrainerConfig.total_steps: schedule={self.schedule!r} needs total_steps, got None")
+        return self
+
+
+class AdvantageConfig(BaseModel):
+    """Which estimator and which reward shaping run before it.
+
+    ``effort_tau``: the Kimi K3 effort rule, reward := -1 when a trajectory's
+    counted tokens exceed ``effort_tau x b0`` (its task's budget); ``None``
+    disables it. ``overlong_max_len`` / ``overlong_cache_len``: DAPO's soft
+    overlong punishment (``None`` disables it). ``dynamic_sampling``: drop
+    groups whose rewards are all equal (they carry no group-relative signal).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    estimator: AdvantageEstimator = AdvantageEstimator.GRPO
+    eps: float = Field(1e-6, gt=0.0, description="added to a std before dividing by it")
+    effort_tau: float | None = Field(None, gt=0.0)
+    overlong_max_len: int | None = Field(None, ge=1)
+    overlong_cache_len: int = Field(0, ge=0)
+    dynamic_sampling: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> AdvantageConfig:
+        if self.overlong_max_len is not None and self.overlong_cache_len > self.overlong_max_len:
+            raise ValueError(
+                f"AdvantageConfig: overlong_cache_len ({self.overlong_cache_len}) must not exceed "
+                f"overlong_max_len ({self.overlong_max_len})"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class TrainItem:
+    """One training sequence with its advantage: what the trainer consumes.
+
+    ``advantage`` is a float (one value for the whole sequence: outcome RL) or
+    one value per token (MOPD's per-token teacher advantage).
+    ``rollout_logprobs[i]`` is mu's logprob of token ``i`` where ``loss_mask[i]``
+    is 1. ``ref_logprobs`` (optional) are a reference policy's, for the KL term.
+    ``tags`` (harness, effort, domain, ...) only split metrics.
+    """
+
+    token_ids: tuple[int, ...]
+    rollout_logprobs: tuple[float, ...]
+    loss_mask: tuple[int, ...]
+    advantage: float | tuple[float, ...]
+    sample_id: str = ""
+    group_id: str = ""
+    ref_logprobs: tuple[float, ...] | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        sizes = {"rollout_logprobs": len(self.rollout_logprobs), "loss_mask": len(self.loss_mask)}
+        if isinstance(self.advantage, tuple):
+            sizes["advantage"] = len(self.advantage)
+        if self.ref_logprobs is not None:
+            sizes["ref_logprobs"] = len(self.ref_logprobs)
+        bad = {k: v for k, v in sizes.items() if v != n}
+        if bad:
+            raise ValueError(f"TrainItem {self.sample_id!r}: {n} token ids but lengths {bad}")
+        if n < 1:
+            raise ValueError(f"TrainItem {self.sample_id!r}: expected at least one token")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        # token 0 never has a prediction, so it never counts
+        return sum(self.loss_mask[1:])
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One packed micro-batch: ``B`` rows of ``T`` tokens, each row several samples end to end.
+
+    ``seg_BT`` is the sample index ``s`` in ``[0, S)`` of every token (``-1`` on
+    padding); ``position_ids_BT`` restart at 0 for each sample, which is how the
+    model confines attention to a sample (see ``learner.packing``).
+    ``items`` are the ``S`` samples in segment order. ``loss_mask_BT`` is 0 on
+    each sample's first token and on padding.
+    """
+
+    input_ids_BT: torch.Tensor  # int64
+    position_ids_BT: torch.Tensor  # int64
+    seg_BT: torch.Tensor  # int64, -1 = padding
+    loss_mask_BT: torch.Tensor  # float32 0/1
+    rollout_logp_BT: torch.Tensor  # float32
+    adv_BT: torch.Tensor  # float32
+    ref_logp_BT: torch.Tensor | None
+    items: tuple[TrainItem, ...]
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.items)
+
+    @property
+    def num_tokens(self) -> int:
+        return int((self.seg_BT >= 0).sum())
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        move = lambda x: None if x is None else x.to(device, non_blocking=True)  # noqa: E731
+        return TrainBatch(
+            move(self.input_ids_BT), move(self.position_ids_BT), move(self.seg_BT), move(self.loss_mask_BT),
+            move(self.rollout_logp_BT), move(self.adv_BT), move(self.ref_logp_BT), self.items,
+        )
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """The loss (a scalar with grad) and detached statistics over the loss tokens.
+
+    Sums, not means, for the statistics that add across micro-batches
+    (``*_sum``; divide by ``num_tokens``); extrema for the rest.
+    """
+
+    loss: torch.Tensor
+    num_tokens: int
+    clipped_sum: float
+    is_weight_sum: float
+    is_weight_min: float
+    is_weight_max: float
+    is_masked_sum: float
+    kl_sum: float
+    pg_loss_sum: float
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """What one optimizer step reports. ``splits`` holds reward / pass rate by
+    tag, keyed like ``"reward/harness=codex"`` or ``"pass_rate/effort=low"``."""
+
+    step: int
+    loss: float
+    pg_loss: float
+    kl: float
+    clip_frac: float
+    is_weight_mean: float
+    is_weight_min: float
+    is_weight_max: float
+    is_masked_frac: float
+    entropy: float
+    grad_norm: float
+    lr: float
+    num_samples: int
+    num_tokens: int
+    num_loss_tokens: int
+    num_micro_batches: int
+    seq_len_mean: float
+    seq_len_max: int
+    response_len_mean: float
+    pack_s: float
+    forward_backward_s: float
+    optimizer_s: float
+    total_s: float
+    splits: Mapping[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, float]:
+        """Flat name -> number, for the trajectory store's ``log_metric`` and JSON."""
+        out: dict[str, float] = {k: float(v) for k, v in vars(self).items() if k != "splits"}
+        out.update({k: float(v) for k, v in self.splits.items()})
+        return out
