@@ -147,6 +147,7 @@ class EpisodeRunner:
         """Run ``req`` to a ``Trajectory`` (stored if the runner has a store). Never raises for a failed episode."""
         started = time.monotonic()
         attempt, lost = req.attempt, []
+        traj: Trajectory
         while True:
             try:
                 traj = await self._attempt(replace(req, attempt=attempt), started)
@@ -227,8 +228,10 @@ class EpisodeRunner:
             t0 = time.monotonic()
             try:
                 gen = await asyncio.wait_for(policy.generate(ask, sampling, None), timeout=remaining)
-            except TimeoutError:
+            except TimeoutError as exc:
                 tally.policy_s += time.monotonic() - t0
+                if time.monotonic() < deadline:  # the policy's own timeout (an HTTP call), not the episode's
+                    return self._record(req, task, Status.POLICY_ERROR, f"policy timed out: {exc}", tally, started)
                 status = Status.TIMEOUT
                 break
             except Exception as exc:  # noqa: BLE001 - PolicyError, or a policy bug: either way the model failed
