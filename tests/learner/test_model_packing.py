@@ -1,0 +1,94 @@
+"""Model wrapper (fp32 logprobs at a temperature, entropy, no downloads) and sequence packing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen2Config
+
+from learner.model import PolicyModel, block_causal_mask, token_logprobs
+from learner.packing import first_fit_decreasing, make_batch, pack
+from tests.learner.conftest import random_items
+
+pytestmark = pytest.mark.unit
+
+
+def test_first_fit_decreasing_hand_case() -> None:
+    # sorted 5,4,3,3,2 into capacity 7: 5 -> A, 4 -> B, 3 -> B (full), 3 -> C, 2 -> A (full)
+    assert first_fit_decreasing([5, 4, 3, 3, 2], 7) == [[0, 4], [1, 2], [3]]
+
+
+def test_first_fit_decreasing_rejects_oversize_sample() -> None:
+    with pytest.raises(ValueError, match="sample 1 has 9 tokens but a micro-batch holds 8"):
+        first_fit_decreasing([3, 9], 8)
+
+
+def test_pack_covers_every_item_without_padding(vocab_size: int) -> None:
+    items = random_items(13, vocab_size, seed=3)
+    batches = pack(items, max_tokens=64)
+    assert sorted(it.sample_id for b in batches for it in b.items) == sorted(it.sample_id for it in items)
+    assert all(b.input_ids_BT.shape[1] == sum(len(it) for it in b.items) <= 64 for b in batches)
+    assert sum(b.num_tokens for b in batches) == sum(len(it) for it in items)
+
+
+def test_make_batch_layout() -> None:
+    from learner.types import TrainItem
+
+    a = TrainItem((5, 6, 7), (0.0, -1.0, -2.0), (1, 1, 1), 0.5)
+    b = TrainItem((8, 9), (0.0, -3.0), (0, 1), (0.1, 0.2))
+    batch = make_batch([a, b], pad_to_multiple=8)
+    assert batch.input_ids_BT.tolist() == [[5, 6, 7, 8, 9, 0, 0, 0]]
+    assert batch.position_ids_BT.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4]]
+    assert batch.seg_BT.tolist() == [[0, 0, 0, 1, 1, -1, -1, -1]]
+    assert batch.loss_mask_BT.tolist() == [[0, 1, 1, 0, 1, 0, 0, 0]]  # first token of a sample never counts
+    assert batch.adv_BT[0].tolist() == pytest.approx([0.5, 0.5, 0.5, 0.1, 0.2, 0, 0, 0])
+
+
+@pytest.mark.parametrize("explicit_mask", [False, True])
+def test_packed_logprobs_equal_unpacked(tiny_model: PolicyModel, vocab_size: int, explicit_mask: bool) -> None:
+    items = random_items(7, vocab_size, seed=1)
+    with torch.no_grad():
+        for batch in pack(items, max_tokens=96, pad_to_multiple=16):
+            mask = block_causal_mask(batch.seg_BT) if explicit_mask else None
+            logp_BT, _ = tiny_model.logprobs(batch.input_ids_BT, batch.position_ids_BT, temperature=0.7,
+                                             attention_mask=mask)
+            at = 0
+            for it in batch.items:
+                ids = torch.tensor([it.token_ids])
+                alone, _ = tiny_model.logprobs(ids, torch.arange(len(it))[None], temperature=0.7)
+                torch.testing.assert_close(logp_BT[:, at:at + len(it)], alone, rtol=0, atol=1e-5)
+                at += len(it)
+
+
+def test_logprobs_are_fp32_at_the_temperature() -> None:
+    logits = torch.randn(1, 4, 11, dtype=torch.bfloat16)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    logp, ent = token_logprobs(logits, ids, temperature=0.5, with_entropy=True)
+    ref = torch.log_softmax(logits.float() / 0.5, -1)
+    assert logp.dtype == torch.float32 and logp[0, 0] == 0.0
+    torch.testing.assert_close(logp[0, 1:], ref[0, :-1].gather(-1, ids[0, 1:, None])[:, 0])
+    assert ent is not None
+    torch.testing.assert_close(ent[0, 1:], -(ref.exp() * ref).sum(-1)[0, :-1])
+
+
+def test_from_config_is_seeded_and_leaves_global_rng(tiny_config: Qwen2Config) -> None:
+    before = torch.get_rng_state()
+    a, b = PolicyModel.from_config(tiny_config, seed=3), PolicyModel.from_config(tiny_config, seed=3)
+    c = PolicyModel.from_config(tiny_config, seed=4)
+    assert torch.equal(before, torch.get_rng_state())
+    pa, pb, pc = (next(m.parameters()) for m in (a, b, c))
+    assert torch.equal(pa, pb) and not torch.equal(pa, pc)
+
+
+def test_save_and_load_local_checkpoint(tiny_model: PolicyModel, tmp_path: Path) -> None:
+    tiny_model.save(tmp_path / "ckpt")
+    again = PolicyModel.from_pretrained(tmp_path / "ckpt")
+    for (name, p), q in zip(tiny_model.named_parameters(), again.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_from_pretrained_never_downloads(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="never downloads"):
+        PolicyModel.from_pretrained("Qwen/Qwen2-0.5B")
