@@ -1,0 +1,154 @@
+"""The Ray side of ``agentenv rollout bench``: our rollout vs the sequential plain-docker baseline, same run.
+
+Both sides run the scripted oracle policy on the same built-in tasks, ``G``
+episodes per task, so they do the same work: set the task up, replay the oracle
+through a harness, grade it. The baseline (``rollout.bench_baseline``) does it
+the way a script over the ``docker`` SDK would: one container per episode, one
+episode at a time. Ours is ``run_rollout`` itself: Ray workers x concurrency,
+warm pools, one setup per variant shared by its group (FAST snapshot), and the
+store written by the scheduler. The baseline runs first, then ours, in one
+process, so both see the same machine.
+
+What is counted: ``wall_s`` of ours is the scheduler's run, from the first
+episode dispatched to the last stored, after the workers have started (Ray
+actor start-up is reported separately as ``startup_s``: a long run pays it
+once). Episodes/s is stored episodes over that wall time; tool calls/s counts
+every tool call of every turn. The time split is per episode, means over the
+stored trajectories: policy, sandbox, verifier from the runner's timings,
+store from the scheduler's writes, other = the rest of the episode's wall time
+(harness, queueing on the worker's event loop).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rollout.config import RolloutConfig, parse_config
+from rollout.store import TrajectoryStore
+from rollout.types import Status
+
+__all__ = ["TARGET_RATIO", "run_bench", "run_ray_bench", "time_split"]
+
+TARGET_RATIO = 5.0
+
+
+def bench_config(
+    task_ids: Sequence[str], *, store: str, workers: int, concurrency: int, group_size: int, pool_size: int = 2
+) -> RolloutConfig:
+    """The config ``run_ray_bench`` runs: one seed per task, ``group_size`` episodes, round-robin harnesses."""
+    return parse_config(
+        {
+            "run_id": f"bench-{uuid.uuid4().hex[:8]}",
+            "store": store,
+            "tasks": {"ids": list(task_ids)},
+            "seeds": [0],
+            "group_size": group_size,
+            "rotation": {"kind": "round_robin", "harnesses": ["claude_code", "codex", "kimi_code"]},
+            "efforts": {"levels": ["low", "high"]},
+            "policy": {"kind": "scripted"},
+            "workers": workers,
+            "concurrency": concurrency,
+            "pool_size": pool_size,
+            "ray": {"num_cpus": 2},
+        },
+        source="bench",
+    )
+
+
+def time_split(store: TrajectoryStore, run_id: str, store_s_total: float) -> dict[str, float]:
+    """Mean seconds per stored episode in policy, sandbox, verifier, store, and the rest."""
+    trajs = store.query(run_id=run_id)
+    if not trajs:
+        return dict.fromkeys(("policy_s", "sandbox_s", "verifier_s", "store_s", "other_s", "total_s"), 0.0)
+    mean = lambda f: statistics.fmean(f(t) for t in trajs)  # noqa: E731
+    policy, sandbox, verifier = mean(lambda t: t.timings.policy_s), mean(lambda t: t.timings.sandbox_s), mean(
+        lambda t: t.timings.verifier_s
+    )
+    total = mean(lambda t: t.timings.total_s)
+    st = store_s_total / len(trajs)
+    return {
+        "policy_s": policy,
+        "sandbox_s": sandbox,
+        "verifier_s": verifier,
+        "store_s": st,
+        "other_s": max(total - policy - sandbox - verifier, 0.0),
+        "total_s": total + st,
+    }
+
+
+def run_ray_bench(
+    task_ids: Sequence[str], *, workers: int, concurrency: int, group_size: int, store_dir: Path
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Our rollout on embedded Ray over ``task_ids``; returns (metrics, per-episode time split)."""
+    from rollout.job import run_rollout
+
+    cfg = bench_config(
+        task_ids, store=f"sqlite:///{store_dir / 'bench.db'}", workers=workers, concurrency=concurrency,
+        group_size=group_size,
+    )
+    marks: dict[str, float] = {"t0": time.perf_counter()}
+    report = run_rollout(cfg, on_start=lambda _s: marks.setdefault("ready", time.perf_counter()))
+    wall = max(report.elapsed_s, 1e-9)
+    metrics = {
+        "label": f"ray {workers} workers x {concurrency}",
+        "episodes": report.stored,
+        "ok": report.ok,
+        "wall_s": wall,
+        "startup_s": marks.get("ready", marks["t0"]) - marks["t0"],
+        "episodes_per_s": report.stored / wall,
+        "tool_calls_per_s": report.tool_calls / wall,
+        "accounted": report.accounted,
+        "report": report.as_dict(),
+    }
+    with TrajectoryStore(cfg.store) as store:
+        split = time_split(store, cfg.run_id, report.store_s)
+        metrics["ok"] = len(store.query(run_id=cfg.run_id, status=Status.OK))
+    return metrics, split
+
+
+def run_bench(
+    *,
+    workers: int = 2,
+    concurrency: int = 6,
+    group_size: int = 2,
+    task_ids: Sequence[str] | None = None,
+    log: Callable[..., Any] = print,
+) -> dict[str, Any]:
+    """Baseline then ours on the same tasks; the result dict the CLI prints and ``--json`` writes."""
+    from rollout import bench_baseline
+
+    ids = list(task_ids) if task_ids is not None else bench_baseline.suite_task_ids()
+    log(f"baseline: sequential plain docker SDK, {len(ids)} tasks x {group_size}")
+    base = bench_baseline.run_baseline(ids, episodes_per_task=group_size)
+    baseline = {
+        "label": "sequential docker SDK",
+        "episodes": base.episodes,
+        "ok": base.ok,
+        "wall_s": base.wall_s,
+        "episodes_per_s": base.episodes_per_s,
+        "tool_calls_per_s": base.tool_calls_per_s,
+        "split_total_s": dict(base.split),
+        "failures": list(base.failures),
+    }
+    log(f"ray: {workers} workers x {concurrency} concurrent episodes")
+    with tempfile.TemporaryDirectory(prefix="agentenv-bench-") as tmp:
+        ray_metrics, split = run_ray_bench(
+            ids, workers=workers, concurrency=concurrency, group_size=group_size, store_dir=Path(tmp)
+        )
+    ratio = ray_metrics["episodes_per_s"] / max(baseline["episodes_per_s"], 1e-9)
+    return {
+        "tasks": len(ids),
+        "task_ids": ids,
+        "group_size": group_size,
+        "baseline": baseline,
+        "ray": ray_metrics,
+        "split": split,
+        "ratio": ratio,
+        "target": TARGET_RATIO,
+    }
