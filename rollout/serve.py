@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -168,7 +168,7 @@ def create_app(policy: HFPolicy, model_name: str, *, default_max_tokens: int = 2
         _check(req)
         try:
             text = tok.apply_chat_template(
-                req.messages, tools=req.tools or None, tokenize=False, add_generation_prompt=True,
+                req.messages, tools=cast(Any, req.tools or None), tokenize=False, add_generation_prompt=True,
                 **(req.chat_template_kwargs or {}),
             )
         except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
@@ -180,7 +180,7 @@ def create_app(policy: HFPolicy, model_name: str, *, default_max_tokens: int = 2
         if req.logprobs:
             logprobs = {"content": [
                 {"token": _token_str(t, req.return_tokens_as_token_ids), "logprob": lp,
-                 "bytes": list(tok.decode([t]).encode()), "top_logprobs": []}
+                 "bytes": list(str(tok.decode([t])).encode()), "top_logprobs": []}
                 for t, lp in zip(g.token_ids, g.logprobs)
             ]}
         message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from rollout.policy.models import load_model
+from rollout.policy.models import load_model, place
 from rollout.policy.types import FinishReason, Generation, PolicyError, Prompt, SamplingParams, ThinkingBudget
 from rollout.tokenizer import EOT
 
@@ -163,10 +163,7 @@ class HFPolicy:
             model = model_or_path
             self.name = name or f"hf:{type(model).__name__}"
         self.device = torch.device(device)
-        model = model.to(self.device)
-        if dtype is not None:
-            model = model.to(dtype=dtype)
-        self.model: PreTrainedModel = model.eval()
+        self.model: PreTrainedModel = place(model, self.device, dtype)
         self.tokenizer: PreTrainedTokenizerBase = tokenizer
         self._version = int(version)
         self._lock = _VersionLock()

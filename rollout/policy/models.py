@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
@@ -30,6 +30,23 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rollout.tokenizer import EOT, build_tokenizer
 
 TINY = "tiny"  # the model name meaning "a fresh tiny model" wherever a MODEL argument is taken
+
+
+def token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
+    """The id of one whole token; ``KeyError`` naming it when the vocabulary lacks it."""
+    found = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(found, int) or found == tokenizer.unk_token_id:
+        raise KeyError(f"token {token!r} is not in the tokenizer's vocabulary")
+    return found
+
+
+def place(
+    model: PreTrainedModel, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+) -> PreTrainedModel:
+    """Move / cast ``model`` and put it in eval mode (``generate``-free sampling needs no train mode)."""
+    # transformers wraps ``to`` in a decorator mypy cannot see through; the module API is the same.
+    moved = torch.nn.Module.to(model, device=device, dtype=dtype) if (device or dtype) else model
+    return cast(PreTrainedModel, moved).eval()
 
 
 def tiny_config(
@@ -50,7 +67,7 @@ def tiny_config(
     Much larger (>= 0.25) and fp32 noise between the KV-cache path and a full
     forward pass grows past 1e-5 in logprob, the tolerance the tests hold.
     """
-    eot = int(tokenizer.convert_tokens_to_ids(EOT))
+    eot = token_id(tokenizer, EOT)
     pad = tokenizer.pad_token_id
     return Qwen2Config(
         vocab_size=len(tokenizer),
@@ -84,8 +101,7 @@ def tiny_model(
     cfg = tiny_config(tok, **config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(cfg)
-    model = model.to(dtype=dtype).eval()
+        model = place(Qwen2ForCausalLM(cfg), dtype=dtype)
     model.generation_config.eos_token_id = cfg.eos_token_id
     model.generation_config.pad_token_id = cfg.pad_token_id
     return model, tok
@@ -120,7 +136,7 @@ def load_checkpoint(
     kwargs: dict[str, Any] = {"local_files_only": True}
     if dtype is not None:
         kwargs["dtype"] = dtype
-    model = AutoModelForCausalLM.from_pretrained(str(where), **kwargs).to(device).eval()
+    model = place(AutoModelForCausalLM.from_pretrained(str(where), **kwargs), device)
     tok = AutoTokenizer.from_pretrained(str(where), local_files_only=True)
     return model, tok
 
@@ -131,8 +147,8 @@ def load_model(
     """``"tiny"`` -> a fresh tiny model (seeded); anything else -> a local checkpoint path."""
     if spec == TINY:
         model, tok = tiny_model(seed=seed, dtype=dtype or torch.float32)
-        return model.to(device), tok
+        return place(model, device), tok
     return load_checkpoint(spec, device=device, dtype=dtype)
 
 
-__all__ = ["TINY", "load_checkpoint", "load_model", "save_checkpoint", "tiny_config", "tiny_model"]
+__all__ = ["TINY", "place", "token_id", "load_checkpoint", "load_model", "save_checkpoint", "tiny_config", "tiny_model"]
