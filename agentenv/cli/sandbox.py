@@ -87,7 +87,7 @@ def bench(
             "-" if target is None else f"<= {target}",
             str(r["n"]),
         )
-    console.print(table)
+    Console(width=max(console.width, 110)).print(table)  # a pipe reports 80 columns: too narrow
     for name, r in rows.items():
         console.print(f"  {name}: {r['note']}")
     if failed:
