@@ -124,6 +124,12 @@ class OpenAIPolicy:
             self._clients = {loop: client}
         return client
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Sent to Ray workers: the clients (sockets, their loop) stay behind; each process opens its own.
+        state = dict(self.__dict__)
+        state["_clients"] = {}
+        return state
+
     async def aclose(self) -> None:
         for client in self._clients.values():
             await client.close()

@@ -191,3 +191,41 @@ def test_retries_5xx_then_succeeds_and_does_not_retry_4xx(tiny: Any) -> None:
         with pytest.raises(PolicyError, match="1 attempt.*HTTP 404"):
             asyncio.run(wrong.generate(Prompt(token_ids=[5]), SamplingParams(max_new_tokens=3)))
         assert wrong.attempts == 1
+
+
+def test_openai_policy_pickles_for_ray_workers(url: str) -> None:
+    import pickle
+
+    remote = OpenAIPolicy(url, "tiny", timeout_s=5)
+    asyncio.run(remote.generate(Prompt(token_ids=[1, 2]), SamplingParams(max_new_tokens=2, seed=0)))
+    copy = pickle.loads(pickle.dumps(remote))
+    assert copy.base_url == remote.base_url and copy.timeout_s == 5
+    assert len(asyncio.run(copy.generate(Prompt(token_ids=[1, 2]), SamplingParams(max_new_tokens=2, seed=0))).token_ids) == 2
+
+
+@pytest.mark.slow
+def test_agentenv_serve_cli_in_a_subprocess(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentenv.cli", "serve", "tiny", "--port", str(port), "--served-name", "t"],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "serve.log", "w"),
+    )
+    try:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0, timeout=5)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                assert [m.id for m in c.models.list()] == ["t"]
+                break
+            except openai.APIConnectionError:
+                assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+                assert time.monotonic() < deadline, "agentenv serve did not come up within 120s"
+                time.sleep(0.2)
+        r = c.chat.completions.create(model="t", messages=MESSAGES, max_tokens=4, seed=0, logprobs=True)
+        assert r.choices[0].logprobs is not None and len(r.choices[0].logprobs.content or []) == 4
+    finally:
+        proc.terminate()
+        proc.wait(30)
