@@ -32,7 +32,7 @@ from typing import Any
 
 from agentenv.errors import OracleError
 from agentenv.types import Episode, Task, Variant, VerifierResult
-from sandboxes.types import Sandbox, SandboxBackend, SnapshotKind
+from sandboxes.types import Sandbox, SandboxBackend, SnapshotKind, SnapshotRef
 
 _CACHE_SIZE = 512
 _cache: OrderedDict[tuple[str, int, str, str], tuple[bool, Any]] = OrderedDict()
@@ -119,8 +119,20 @@ def prepare_grading_sandbox(sandbox: Sandbox, task: Task, variant: Variant) -> s
     return None
 
 
-def grade_episode(backend: SandboxBackend, agent_sandbox: Sandbox, task: Task, episode: Episode) -> VerifierResult:
-    """Grade ``episode`` in a clean sandbox forked from ``agent_sandbox``; see the module docstring."""
+def grade_episode(
+    backend: SandboxBackend,
+    agent_sandbox: Sandbox,
+    task: Task,
+    episode: Episode,
+    *,
+    restore: Callable[[SnapshotRef], Sandbox] | None = None,
+    discard: Callable[[Sandbox], None] | None = None,
+) -> VerifierResult:
+    """Grade ``episode`` in a clean sandbox forked from ``agent_sandbox``; see the module docstring.
+
+    ``restore`` / ``discard`` let a caller with warm pools make and dispose of the grading
+    sandbox (the rollout hot path); by default it is ``backend.restore`` and ``close``.
+    """
     started = time.monotonic()
     timings: dict[str, float] = {}
     try:
@@ -129,7 +141,7 @@ def grade_episode(backend: SandboxBackend, agent_sandbox: Sandbox, task: Task, e
         return _invalid(f"cannot snapshot the agent's sandbox: {type(exc).__name__}: {exc}", started)
     timings["snapshot_s"] = time.monotonic() - started
     try:
-        grading = backend.restore(ref)
+        grading = (restore or backend.restore)(ref)
     except Exception as exc:  # noqa: BLE001
         return _invalid(f"cannot restore the agent's state for grading: {type(exc).__name__}: {exc}", started)
     timings["restore_s"] = time.monotonic() - started - timings["snapshot_s"]
@@ -149,7 +161,8 @@ def grade_episode(backend: SandboxBackend, agent_sandbox: Sandbox, task: Task, e
         timings["verify_s"] = time.monotonic() - verify_started
         return replace(result, duration_s=time.monotonic() - started, extra={**dict(result.extra), "timings": timings})
     finally:
-        for closer in (grading.close, replay.close):
+        dispose = (lambda: discard(grading)) if discard is not None else grading.close
+        for closer in (dispose, replay.close):
             try:
                 closer()
             except Exception:  # noqa: BLE001,S110 - closing is best effort; the reaper finds leftovers

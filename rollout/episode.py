@@ -292,7 +292,12 @@ class EpisodeRunner:
     ) -> Trajectory:
         episode = Episode(task.id, variant, final_answer=state.answer, workdir=sandbox.spec.workdir)
         t0 = time.monotonic()
-        result: VerifierResult = await self._blocking(grade_episode, self.backend, sandbox, task, episode)
+        result: VerifierResult = await self._blocking(
+            functools.partial(
+                grade_episode, self.backend, sandbox, task, episode,
+                restore=self.sandboxes.grading_restore, discard=self.sandboxes.grading_discard,
+            )
+        )
         tally.verifier_s += time.monotonic() - t0
         if result.invalid:
             alive = getattr(sandbox, "alive", None)

@@ -62,6 +62,9 @@ class PristineSandboxes:
         self.pool_size = pool_size
         self._build = getattr(backend, "name", "") != "local"  # the local backend ignores images
         self._pools: OrderedDict[str, SandboxPool] = OrderedDict()
+        # Grading sandboxes come from pools of their own: an agent holding every sandbox of
+        # its pool must never wait on itself to be graded.
+        self._grading_pools: dict[str, SandboxPool] = {}
         self._leases: dict[str, int] = {}  # spec key -> sandboxes out
         self._specs: dict[str, SandboxSpec] = {}  # task id -> spec (sandbox_spec() may build an image)
         self._pristine: OrderedDict[tuple[str, int, str], SnapshotRef] = OrderedDict()
@@ -114,6 +117,29 @@ class PristineSandboxes:
         finally:
             self._returned(lease.pool)
 
+    def grading_restore(self, ref: SnapshotRef) -> Sandbox:
+        """A warm sandbox with the agent's final state ``ref`` applied, for grading."""
+        key = ref.spec.key()
+        with self._lock:
+            if self._closed:
+                from sandboxes.errors import PoolClosed
+
+                raise PoolClosed("the episode runner's sandboxes are closed")
+            pool = self._grading_pools.get(key)
+            if pool is None:
+                size = max(self.pool_size // 2, 1)
+                pool = self._grading_pools[key] = SandboxPool(self.backend, ref.spec, size=size, max_size=4 * size)
+        return pool.restore(ref, timeout=ACQUIRE_TIMEOUT_S)
+
+    def grading_discard(self, sandbox: Sandbox) -> None:
+        """Give a grading sandbox back (destroyed and replaced in the background)."""
+        with self._lock:
+            pool = self._grading_pools.get(sandbox.spec.key())
+        if pool is None:
+            sandbox.close()
+        else:
+            pool.release(sandbox)
+
     def forget(self, task_id: str, seed: int) -> None:
         """Drop a variant's snapshot (it will be set up again), e.g. after a restore from it failed."""
         with self._lock:
@@ -123,8 +149,9 @@ class PristineSandboxes:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            pools = list(self._pools.values())
+            pools = [*self._pools.values(), *self._grading_pools.values()]
             self._pools.clear()
+            self._grading_pools.clear()
         for pool in pools:
             pool.close()
 
