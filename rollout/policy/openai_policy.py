@@ -178,6 +178,8 @@ class OpenAIPolicy:
             if not prompt.messages:
                 raise PolicyError(f"{self.name}: chat mode needs Prompt.messages")
             g = await self._chat(prompt, sampling)
+            if budget is not None:  # said, not silently dropped: chat mode cannot insert the close tag
+                g = _replace(g, extra={**g.extra, "budget_enforced": False})
         return _replace(g, latency_s=time.monotonic() - start)
 
     def _base(self, sampling: SamplingParams, max_tokens: int, stop: Sequence[str], seed: int | None) -> dict[str, Any]:
