@@ -93,7 +93,11 @@ def run_ray_bench(
         group_size=group_size,
     )
     marks: dict[str, float] = {"t0": time.perf_counter()}
-    report = run_rollout(cfg, on_start=lambda _s: marks.setdefault("ready", time.perf_counter()))
+
+    def ready(_scheduler: object) -> None:
+        marks["ready"] = time.perf_counter()
+
+    report = run_rollout(cfg, on_start=ready)
     wall = max(report.elapsed_s, 1e-9)
     metrics = {
         "label": f"ray {workers} workers x {concurrency}",
@@ -115,7 +119,7 @@ def run_ray_bench(
 def run_bench(
     *,
     workers: int = 2,
-    concurrency: int = 6,
+    concurrency: int = 2,
     group_size: int = 2,
     task_ids: Sequence[str] | None = None,
     log: Callable[..., Any] = print,
@@ -141,7 +145,7 @@ def run_bench(
         ray_metrics, split = run_ray_bench(
             ids, workers=workers, concurrency=concurrency, group_size=group_size, store_dir=Path(tmp)
         )
-    ratio = ray_metrics["episodes_per_s"] / max(baseline["episodes_per_s"], 1e-9)
+    ratio = float(ray_metrics["episodes_per_s"]) / max(base.episodes_per_s, 1e-9)
     return {
         "tasks": len(ids),
         "task_ids": ids,

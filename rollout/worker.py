@@ -95,8 +95,9 @@ def build_policy(cfg: PolicyConfig) -> tuple[Policy, Any]:
         return policy, policy.tokenizer
     from rollout.policy.openai_policy import OpenAIPolicy
 
+    assert cfg.url is not None and cfg.model is not None  # PolicyConfig validates kind "openai" has both
     key = os.environ.get(cfg.api_key_env, "EMPTY")
-    return OpenAIPolicy(base_url=cfg.url, model=cfg.model, api_key=key, timeout=cfg.timeout_s), None  # type: ignore[call-arg]
+    return OpenAIPolicy(cfg.url, cfg.model, api_key=key, timeout_s=cfg.timeout_s), None
 
 
 def _backend(kind: str, run_id: str) -> Any:

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -21,7 +20,7 @@ console = Console()
 
 
 class _DefaultToRun(TyperGroup):
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # typer vendors its own click Context
         if args and args[0] not in self.commands and not args[0].startswith("-"):
             args = ["run", *args]
         return super().parse_args(ctx, args)
@@ -98,7 +97,7 @@ def run(
 def bench(
     json_path: Path | None = typer.Option(None, "--json", help="also write the results as JSON here"),
     workers: int = typer.Option(2, help="Ray workers"),
-    concurrency: int = typer.Option(6, help="episodes in flight per worker"),
+    concurrency: int = typer.Option(2, help="episodes in flight per worker"),
     group_size: int = typer.Option(2, "--group-size", "-G", help="episodes per task (and per baseline pass)"),
 ) -> None:
     """Episodes/s and tool calls/s, Ray workers x concurrency vs the sequential plain-docker baseline."""
