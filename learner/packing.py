@@ -59,7 +59,13 @@ def make_batch(items: Sequence[TrainItem], pad_to_multiple: int = 1, pad_id: int
     """One packed row of ``items`` end to end, as tensors (``B = 1``)."""
     n = sum(len(it) for it in items)
     t = -(-n // pad_to_multiple) * pad_to_multiple
-    ids, pos, seg, mask, rollout, adv, ref = [], [], [], [], [], [], []
+    ids: list[int] = []
+    pos: list[int] = []
+    seg: list[int] = []
+    mask: list[int] = []
+    rollout: list[float] = []
+    adv: list[float] = []
+    ref: list[float] = []
     with_ref = any(it.ref_logprobs is not None for it in items)
     if with_ref and not all(it.ref_logprobs is not None for it in items):
         raise ValueError("make_batch: either every TrainItem carries ref_logprobs or none does")

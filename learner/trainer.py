@@ -76,10 +76,11 @@ class TrainerState:
 
 
 def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
+    np_state: dict[str, Any] = dict(np.random.get_state(legacy=False))  # type: ignore[arg-type]
+    np_state["state"] = {"key": np_state["state"]["key"].tolist(), "pos": int(np_state["state"]["pos"])}
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]),
+        "numpy": np_state,
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -89,8 +90,9 @@ def _rng_state() -> dict[str, Any]:
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
+    np_state = dict(state["numpy"])
+    np_state["state"] = {"key": np.asarray(np_state["state"]["key"], dtype=np.uint32), "pos": np_state["state"]["pos"]}
+    np.random.set_state(np_state)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

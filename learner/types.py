@@ -103,17 +103,17 @@ class LossConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     variant: LossVariant = LossVariant.CLIP
-    eps_low: float = Field(0.2, ge=0.0)
-    eps_high: float = Field(0.2, ge=0.0)
+    eps_low: float = Field(default=0.2, ge=0.0)
+    eps_high: float = Field(default=0.2, ge=0.0)
     aggregation: Aggregation = Aggregation.TOKEN_MEAN
-    norm_length: int | None = Field(None, ge=1, description="the fixed length L of aggregation=constant")
-    temperature: float = Field(1.0, gt=0.0)
-    kl_coef: float = Field(0.0, ge=0.0, description="weight of KL(pi_theta || pi_ref); 0 disables it")
+    norm_length: int | None = Field(default=None, ge=1, description="the fixed length L of aggregation=constant")
+    temperature: float = Field(default=1.0, gt=0.0)
+    kl_coef: float = Field(default=0.0, ge=0.0, description="weight of KL(pi_theta || pi_ref); 0 disables it")
     kl_estimator: Literal["k1", "k3"] = "k3"
     is_correction: ISCorrection = ISCorrection.TIS
-    tis_cap: float = Field(2.0, gt=0.0)
-    mis_low: float = Field(0.5, ge=0.0)
-    mis_high: float = Field(2.0, gt=0.0)
+    tis_cap: float = Field(default=2.0, gt=0.0)
+    mis_low: float = Field(default=0.5, ge=0.0)
+    mis_high: float = Field(default=2.0, gt=0.0)
 
     @model_validator(mode="after")
     def _check(self) -> LossConfig:
@@ -158,25 +158,28 @@ class TrainerConfig(BaseModel):
     number of micro-batches (gradient accumulation with global normalisers, so
     the result does not depend on how the items were packed). ``bf16``:
     autocast the forward pass to bf16; ``None`` = on CUDA only (CPU stays fp32).
+    ``pad_to_multiple``: on a GPU set it to ``micro_batch_tokens`` so every
+    packed row has one shape (cuDNN builds an attention plan per sequence
+    length; on an H200 this took a 0.5B model from 18k to 29k tokens/s).
     ``schedule``: linear warmup over ``warmup_steps``, then constant, or linear /
     cosine decay to ``min_lr_ratio x lr`` at ``total_steps``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    lr: float = Field(1e-6, gt=0.0)
-    weight_decay: float = Field(0.0, ge=0.0)
+    lr: float = Field(default=1e-6, gt=0.0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = Field(1e-8, gt=0.0)
-    grad_clip: float | None = Field(1.0, gt=0.0)
+    adam_eps: float = Field(default=1e-8, gt=0.0)
+    grad_clip: float | None = Field(default=1.0, gt=0.0)
     schedule: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0)
-    total_steps: int | None = Field(None, ge=1)
-    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
-    micro_batch_tokens: int = Field(4096, ge=1)
-    pad_to_multiple: int = Field(1, ge=1)
+    warmup_steps: int = Field(default=0, ge=0)
+    total_steps: int | None = Field(default=None, ge=1)
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    micro_batch_tokens: int = Field(default=4096, ge=1)
+    pad_to_multiple: int = Field(default=1, ge=1)
     bf16: bool | None = None
-    publish_every: int = Field(1, ge=0, description="publish weights every N steps; 0 never")
+    publish_every: int = Field(default=1, ge=0, description="publish weights every N steps; 0 never")
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
@@ -198,10 +201,10 @@ class AdvantageConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     estimator: AdvantageEstimator = AdvantageEstimator.GRPO
-    eps: float = Field(1e-6, gt=0.0, description="added to a std before dividing by it")
-    effort_tau: float | None = Field(None, gt=0.0)
-    overlong_max_len: int | None = Field(None, ge=1)
-    overlong_cache_len: int = Field(0, ge=0)
+    eps: float = Field(default=1e-6, gt=0.0, description="added to a std before dividing by it")
+    effort_tau: float | None = Field(default=None, gt=0.0)
+    overlong_max_len: int | None = Field(default=None, ge=1)
+    overlong_cache_len: int = Field(default=0, ge=0)
     dynamic_sampling: bool = False
 
     @model_validator(mode="after")
@@ -285,10 +288,13 @@ class TrainBatch:
         return int((self.seg_BT >= 0).sum())
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        move = lambda x: None if x is None else x.to(device, non_blocking=True)  # noqa: E731
+        def move(x: torch.Tensor) -> torch.Tensor:
+            return x.to(device, non_blocking=True)
+
         return TrainBatch(
             move(self.input_ids_BT), move(self.position_ids_BT), move(self.seg_BT), move(self.loss_mask_BT),
-            move(self.rollout_logp_BT), move(self.adv_BT), move(self.ref_logp_BT), self.items,
+            move(self.rollout_logp_BT), move(self.adv_BT),
+            None if self.ref_logp_BT is None else move(self.ref_logp_BT), self.items,
         )
 
 

@@ -10,7 +10,7 @@ from transformers import Qwen2Config
 
 from learner.model import PolicyModel, block_causal_mask, token_logprobs
 from learner.packing import first_fit_decreasing, make_batch, pack
-from tests.learner.conftest import random_items
+from learner_fakes import random_items
 
 pytestmark = pytest.mark.unit
 

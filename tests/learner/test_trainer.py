@@ -13,7 +13,7 @@ from learner.publish import CheckpointPublisher, latest_version
 from learner.trainer import Trainer, lr_factor
 from learner.types import LossConfig, TrainerConfig
 from rollout.types import Sample, Status, Trajectory, Turn
-from tests.learner.conftest import random_items
+from learner_fakes import random_items
 
 pytestmark = pytest.mark.unit
 
@@ -152,3 +152,17 @@ def test_step_rejects_empty_input(tiny_model: PolicyModel) -> None:
     trainer = Trainer(tiny_model, LossConfig())
     with pytest.raises(ValueError, match="at least one"):
         trainer.step([])
+
+
+def test_checkpoint_restores_every_rng(tiny_model: PolicyModel, vocab_size: int, tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+
+    trainer = Trainer(tiny_model, LossConfig())
+    trainer.step(random_items(2, vocab_size), data_position=41)
+    trainer.save(tmp_path / "ckpt")
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    resumed = Trainer.resume(tmp_path / "ckpt")
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
+    assert resumed.state.data_position == 41 and resumed.version == 1
