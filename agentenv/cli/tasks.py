@@ -94,6 +94,7 @@ def check_cmd(
     finally:
         sandbox_backend.close()
     if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps([r.to_dict() for r in reports], indent=2))
     bad = [r.task_id for r in reports if not r.passed]
     if bad:

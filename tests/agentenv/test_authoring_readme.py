@@ -48,9 +48,9 @@ def test_check_fails_on_a_broken_oracle_and_a_leaked_test(tmp_path: Path, base_i
     folder = tmp_path / "bad_task"
     (folder / "solution" / "solve.sh").write_text("echo 'I give up'\n")
     (folder / "workspace" / "copy_of_test.py").write_bytes((folder / "tests" / "test_calc.py").read_bytes())
-    result = _agentenv(["check", str(folder), "--seeds", "1", "--json", "bad.json"], tmp_path)
+    result = _agentenv(["check", str(folder), "--seeds", "1", "--json", "reports/bad.json"], tmp_path)
     assert result.returncode == 1
     assert "FAIL: 1 of 1 tasks: bad_task" in result.stdout
-    checks = {c["name"]: c for c in json.loads((tmp_path / "bad.json").read_text())[0]["checks"]}
+    checks = {c["name"]: c for c in json.loads((tmp_path / "reports" / "bad.json").read_text())[0]["checks"]}
     assert not checks["hidden"]["passed"] and "copy_of_test.py is the hidden file" in checks["hidden"]["detail"]
     assert not checks["oracle seed=0"]["passed"] and checks["do-nothing"]["passed"]
