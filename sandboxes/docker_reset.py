@@ -30,7 +30,9 @@ a verification listing too large for one answer, a failed verification, or
 the deadline. Not restored and not checked: hard-link identity between base
 paths (contents are restored, links may become copies), directory mtimes
 where the user does not own the directory, PID numbers, kernel state outside
-the file system (page cache, keyrings) and the container's logs.
+the file system (page cache, keyrings) and the container's logs. The agent
+process itself is kept, not restarted: an episode that tampered with it
+(ptrace as the same user, where the kernel allows it) is not detected.
 """
 
 from __future__ import annotations
