@@ -169,3 +169,24 @@ def test_pool_reuses_the_container_and_hands_it_out_clean(backend: DockerBackend
         assert restored.read_file("/workspace/proj/src/main.py") == b"print(1)\n"
         assert restored.exec("ls /home/agent/notes.txt").ok
         pool.release(restored)
+
+
+def test_fast_lineage_of_200_cycles_through_a_resetting_pool(backend: DockerBackend, base_image: str) -> None:
+    """Each cycle restores onto a reset-then-reused container; the lineage must neither lose nor gain files."""
+    with SandboxPool(backend, SandboxSpec(image=base_image), size=2, max_size=4) as pool:
+        current = pool.acquire(timeout=60)
+        ids = set()
+        for i in range(200):
+            current.write_file(f"/workspace/lineage/step{i}.txt", str(i))
+            ref = current.snapshot(SnapshotKind.FAST)
+            nxt = pool.restore(ref, timeout=60)
+            ids.add(nxt.container_id)
+            pool.release(current)
+            current = nxt
+            if i % 50 == 0:
+                assert current.exec("ls /workspace/lineage | wc -l").stdout.strip() == str(i + 1)
+        assert current.exec("ls /workspace/lineage | wc -l").stdout.strip() == "200"
+        assert current.read_file("/workspace/lineage/step123.txt") == b"123"
+        assert ref.depth == 200
+        assert pool.stats["reset"] >= 190 and len(ids) <= 4, (pool.stats, len(ids))
+        pool.release(current)
