@@ -379,15 +379,11 @@ class DockerBackend:
     def reset(self, sandbox: DockerSandbox, timeout: float | None = None) -> bool:
         """Bring a live sandbox back to its base image's pristine state without a new container.
 
-        True only when it is exact (``sandboxes/docker_reset.py`` states the
-        guarantee in full): no sandbox-user process but the agent, every path
-        the overlay upper dir reports identical to the base image's (content,
-        mode, owner, symlink target, file mtime), scratch mounts empty, and a
-        fresh snapshot lineage. False (the caller must destroy the sandbox)
-        when anything cannot be restored by the sandbox user or checked, or
-        the deadline passes; ``sandbox.last_reset_refusal`` says why. Never
-        raises. A sandbox with a pristine snapshot applied is reset to the
-        base image, not to that snapshot: re-apply it afterwards.
+        True only when exact (no sandbox-user process but the agent; every changed path
+        byte-identical to the base image's; scratch mounts empty; lineage reset: the full
+        guarantee is in ``sandboxes/docker_reset.py``). False, never an exception, when
+        anything cannot be restored by the sandbox user or checked (``last_reset_refusal``
+        says why): the caller must then destroy it. A pristine snapshot is not re-applied.
         """
         from sandboxes.docker_reset import DEFAULT_RESET_TIMEOUT_S, reset_sandbox
 
