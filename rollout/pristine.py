@@ -111,7 +111,7 @@ class PristineSandboxes:
             raise
 
     def release(self, lease: Lease) -> None:
-        """Give the sandbox back (destroyed and replaced in the background by its pool)."""
+        """Give the sandbox back (reset in place, or destroyed and replaced, in the background by its pool)."""
         try:
             lease.pool.release(lease.sandbox)
         finally:
@@ -132,7 +132,7 @@ class PristineSandboxes:
         return pool.restore(ref, timeout=ACQUIRE_TIMEOUT_S)
 
     def grading_discard(self, sandbox: Sandbox) -> None:
-        """Give a grading sandbox back (destroyed and replaced in the background)."""
+        """Give a grading sandbox back (reset in place, or destroyed and replaced, in the background)."""
         with self._lock:
             pool = self._grading_pools.get(sandbox.spec.key())
         if pool is None:

@@ -120,6 +120,7 @@ class DockerSandbox:
         self.base_image = base_image
         self.user = facts.default_user(spec)
         self.lineage: tuple[str | None, int] = (None, 0)  # (parent snapshot id, depth)
+        self.last_reset_refusal: str | None = None  # why the last ``reset`` refused, for logs and tests
         self._closed = False
         self._channel: AgentChannel | None = None
         self._plain: PlainExec | None = None
@@ -229,6 +230,10 @@ class DockerSandbox:
             return self._backend.snapshots.take(self, kind, tag=tag)
         except docker.errors.NotFound as exc:
             raise self._lost(f"the container vanished during the snapshot: {exc.explanation}") from exc
+
+    def reset(self, timeout: float | None = None) -> bool:
+        """Back to the base image's pristine state in place; see ``DockerBackend.reset``."""
+        return self._backend.reset(self, timeout=timeout)
 
     def close(self) -> None:
         if self._closed:
@@ -370,6 +375,19 @@ class DockerBackend:
     def apply_snapshot(self, sandbox: DockerSandbox, ref: SnapshotRef) -> None:
         """Bring a pristine sandbox of ``ref.base_image`` to the FAST snapshot ``ref``."""
         self.snapshots.apply(sandbox, ref)
+
+    def reset(self, sandbox: DockerSandbox, timeout: float | None = None) -> bool:
+        """Bring a live sandbox back to its base image's pristine state without a new container.
+
+        True only when exact (no sandbox-user process but the agent; every changed path
+        byte-identical to the base image's; scratch mounts empty; lineage reset: the full
+        guarantee is in ``sandboxes/docker_reset.py``). False, never an exception, when
+        anything cannot be restored by the sandbox user or checked (``last_reset_refusal``
+        says why): the caller must then destroy it. A pristine snapshot is not re-applied.
+        """
+        from sandboxes.docker_reset import DEFAULT_RESET_TIMEOUT_S, reset_sandbox
+
+        return reset_sandbox(sandbox, DEFAULT_RESET_TIMEOUT_S if timeout is None else timeout)
 
     def close(self) -> None:
         with self._lock:

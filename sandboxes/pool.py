@@ -3,10 +3,16 @@
 ``acquire`` hands out a sandbox that is already at the pristine state: a fresh
 container of the spec's image, or, when the pool was given a ``pristine``
 FAST snapshot (a task after its setup), that snapshot already applied.
-``release`` gives it back; the pool destroys it and starts a replacement in
-the background, so a reset never sits on the caller's path and a dirty
-sandbox is never handed out twice. The pool never holds more than
-``max_size`` sandboxes (warm + leased + starting).
+``release`` gives it back. When the backend has ``reset(sandbox, timeout=)``
+(``DockerBackend``), the pool resets it in place in the background (bounded by
+``reset_timeout``), re-applies ``pristine`` if set, and puts it back in the
+ready queue: no new container. When the backend refuses (returns False),
+fails or is too slow, or has no ``reset``, the sandbox is destroyed and a
+replacement started in the background, as before. Either way the reset never
+sits on the caller's path and a dirty sandbox is never handed out twice: a
+released sandbox re-enters the ready queue only after a reset that returned
+True. The pool never holds more than ``max_size`` sandboxes (warm + leased +
+starting + resetting).
 
 ``restore(ref)`` / ``fork(ref, n)`` apply any FAST snapshot onto warm pristine
 sandboxes: that is what makes mid-episode branching cheap.
@@ -56,6 +62,7 @@ class SandboxPool:
         pristine: SnapshotRef | None = None,
         starters: int = 2,
         sweep: bool = True,
+        reset_timeout: float = 30.0,
     ) -> None:
         if size < 0:
             raise SpecError(f"size must be >= 0, got {size}")
@@ -72,12 +79,15 @@ class SandboxPool:
         self._ready: deque[Sandbox] = deque()
         self._leased: dict[str, Sandbox] = {}
         self._starting = 0
+        self._resetting = 0
+        self.reset_timeout = reset_timeout
         self._cond = threading.Condition()
         self._closed = False
         self._errors: deque[BaseException] = deque(maxlen=8)
         self._executor = ThreadPoolExecutor(max_workers=max(starters, 1), thread_name_prefix="sandbox-pool")
         self._pending: set[Future[None]] = set()
-        self.stats = {"acquired": 0, "hits": 0, "misses": 0, "started": 0, "recycled": 0, "failed": 0}
+        self.stats = {"acquired": 0, "hits": 0, "misses": 0, "started": 0, "recycled": 0, "failed": 0,
+                      "reset": 0, "reset_refused": 0}
         if sweep:
             self._sweep_leftovers()
         self._refill()
@@ -96,7 +106,7 @@ class SandboxPool:
                 self._refill_locked(extra=1)
             while not self._ready:
                 self._check_open()
-                if self._errors and self._starting == 0 and not self._ready:
+                if self._errors and self._starting == 0 and self._resetting == 0 and not self._ready:
                     raise SandboxError(f"pool cannot start sandboxes for {self.spec.image}: {self._errors[-1]}")
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -113,13 +123,18 @@ class SandboxPool:
         return sandbox
 
     def release(self, sandbox: Sandbox) -> None:
-        """Give a sandbox back; it is destroyed and replaced in the background."""
+        """Give a sandbox back; it is reset in place, or destroyed and replaced, in the background."""
         with self._cond:
             self._leased.pop(sandbox.id, None)
             self.stats["recycled"] += 1
             closed = self._closed
             if not closed:
-                self._submit(self._recycle, sandbox)
+                if getattr(self.backend, "reset", None) is not None:
+                    self._resetting += 1  # still held: counts against max_size until done
+                    if not self._submit(self._reset_one, sandbox):
+                        self._resetting -= 1
+                else:
+                    self._submit(self._recycle, sandbox)
         if closed:
             _close_quietly(sandbox)
 
@@ -164,7 +179,7 @@ class SandboxPool:
         with self._cond:
             while len(self._ready) < self.size:
                 self._check_open()
-                if self._errors and self._starting == 0:
+                if self._errors and self._starting == 0 and self._resetting == 0:
                     raise SandboxError(f"pool cannot start sandboxes for {self.spec.image}: {self._errors[-1]}")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -174,7 +189,8 @@ class SandboxPool:
 
     def counts(self) -> dict[str, int]:
         with self._cond:
-            return {"ready": len(self._ready), "leased": len(self._leased), "starting": self._starting}
+            return {"ready": len(self._ready), "leased": len(self._leased), "starting": self._starting,
+                    "resetting": self._resetting}
 
     def close(self, timeout: float = 60.0) -> None:
         """Stop refilling, wait for starts in flight, destroy every sandbox the pool holds."""
@@ -213,28 +229,31 @@ class SandboxPool:
             raise PoolClosed(f"pool for {self.spec.image} is closed")
 
     def _held(self) -> int:
-        return len(self._ready) + len(self._leased) + self._starting
+        return len(self._ready) + len(self._leased) + self._starting + self._resetting
 
     def _refill(self) -> None:
         with self._cond:
             self._refill_locked()
 
     def _refill_locked(self, extra: int = 0) -> None:
-        want = self.size + extra - len(self._ready) - self._starting
+        if self._closed:
+            return  # close() is collecting what the pool holds: start nothing new
+        want = self.size + extra - len(self._ready) - self._starting - self._resetting
         room = self.max_size - self._held()
         for _ in range(max(min(want, room), 0)):
             self._starting += 1
             self._submit(self._start_one)
 
-    def _submit(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
+    def _submit(self, fn, *args) -> bool:  # type: ignore[no-untyped-def]
         try:
             fut = self._executor.submit(fn, *args)
         except RuntimeError:  # executor shut down: pool closing
             if args:
                 _close_quietly(args[0])
-            return
+            return False
         self._pending.add(fut)
         fut.add_done_callback(self._pending.discard)
+        return True
 
     def _make(self) -> Sandbox:
         sandbox = self.backend.create(self.spec)
@@ -275,6 +294,27 @@ class SandboxPool:
             self._cond.notify_all()
         if doomed is not None:
             _close_quietly(doomed)
+
+    def _reset_one(self, sandbox: Sandbox) -> None:
+        """Reset in place and re-queue; anything short of an exact reset destroys it instead."""
+        ok = False
+        try:
+            ok = bool(self.backend.reset(sandbox, timeout=self.reset_timeout))  # type: ignore[attr-defined]
+            if ok and self.pristine is not None:
+                self._applier()(sandbox, self.pristine)
+        except BaseException as exc:
+            log.info("pool reset of %s failed: %r", getattr(sandbox, "id", "?"), exc)
+            ok = False
+        with self._cond:
+            self._resetting -= 1
+            self.stats["reset" if ok else "reset_refused"] += 1
+            requeue = ok and not self._closed
+            if requeue:
+                self._ready.append(sandbox)
+            self._cond.notify_all()
+        if not requeue:
+            _close_quietly(sandbox)
+            self._refill()
 
     def _recycle(self, sandbox: Sandbox) -> None:
         _close_quietly(sandbox)

@@ -142,3 +142,78 @@ def test_bad_arguments_name_the_argument() -> None:
         SandboxPool(FakeBackend(), SPEC, size=-1)
     with pytest.raises(SpecError, match="max_size"):
         SandboxPool(FakeBackend(), SPEC, size=4, max_size=2)
+
+
+class ResettingBackend(FakeBackend):
+    """A backend with ``reset``: clean sandboxes reset (files wiped), ones marked dirty refuse."""
+
+    def __init__(self, refuse: bool = False, delay: float = 0.0) -> None:
+        super().__init__()
+        self.refuse = refuse
+        self.reset_delay = delay
+        self.resets: list[str] = []
+
+    def reset(self, sandbox: FakeSandbox, timeout: float | None = None) -> bool:
+        time.sleep(self.reset_delay)
+        self.resets.append(sandbox.id)
+        if self.refuse or sandbox.files.get("root-owned"):
+            return False
+        sandbox.files.clear()
+        return True
+
+
+def _wait(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cond()
+
+
+def test_reset_reuses_the_sandbox_and_reapplies_pristine() -> None:
+    backend = ResettingBackend()
+    with SandboxPool(backend, SPEC, size=1, max_size=2, pristine=_ref("task")) as pool:
+        sb = pool.acquire(timeout=5)
+        sb.files["dirty"] = b"x"
+        pool.release(sb)
+        _wait(lambda: pool.stats["reset"] == 1)
+        again = pool.acquire(timeout=5)
+        if again.id != sb.id:  # the other warm one came first; the reset one is next
+            pool.release(again)
+            _wait(lambda: pool.stats["reset"] == 2)
+            again = pool.acquire(timeout=5)
+        assert "dirty" not in again.files
+        assert again.files["snap"] == b"task", "the pristine snapshot is re-applied after a reset"
+        assert not sb.closed
+        assert len(backend.made) <= 2
+
+
+def test_refused_reset_destroys_and_replaces() -> None:
+    backend = ResettingBackend()
+    with SandboxPool(backend, SPEC, size=1, max_size=1) as pool:
+        sb = pool.acquire(timeout=5)
+        sb.files["root-owned"] = b"x"
+        pool.release(sb)
+        _wait(lambda: sb.closed)
+        again = pool.acquire(timeout=5)
+        assert again.id != sb.id and not again.files
+        assert pool.stats["reset_refused"] == 1 and pool.stats["reset"] == 0
+
+
+def test_release_racing_close_leaks_nothing() -> None:
+    backend = ResettingBackend(delay=0.2)
+    pool = SandboxPool(backend, SPEC, size=2, max_size=2)
+    a, b = pool.acquire(timeout=5), pool.acquire(timeout=5)
+    pool.release(a)
+    pool.close()
+    pool.release(b)
+    assert all(sb.closed for sb in backend.made), "a reset finishing after close() must not re-queue"
+    assert pool.counts() == {"ready": 0, "leased": 0, "starting": 0, "resetting": 0}
+
+
+def test_resetting_counts_against_max_size() -> None:
+    backend = ResettingBackend(delay=0.5)
+    with SandboxPool(backend, SPEC, size=1, max_size=1) as pool:
+        sb = pool.acquire(timeout=5)
+        pool.release(sb)
+        again = pool.acquire(timeout=5)  # waits for the reset rather than starting a second one
+        assert again.id == sb.id and len(backend.made) == 1

@@ -31,12 +31,11 @@ def test_pool_hands_out_pristine_sandboxes_and_forks(docker_client: docker.Docke
                 assert f.read_file("/workspace/state.txt") == b"branch-point"
                 f.write_file("/workspace/state.txt", f"fork{i}")
             assert [f.read_file("/workspace/state.txt") for f in forks] == [b"fork0", b"fork1"]
-            dirty_id = sb.container_id
             pool.release(sb)
             pool.warm(timeout=120)
-            fresh = pool.acquire(timeout=60)
-            assert fresh.container_id != dirty_id
-            assert fresh.exec("ls -A /workspace").stdout == "", "a released sandbox never comes back dirty"
+            # the released container may come back (reset in place) or be replaced; never dirty
+            for fresh in [pool.acquire(timeout=60) for _ in range(2)]:
+                assert fresh.exec("ls -A /workspace").stdout == "", "a released sandbox never comes back dirty"
             held = [c.id for c in docker_client.containers.list(all=True, filters={"label": f"agentenv.run_id={backend.run_id}"})]
         after = docker_client.containers.list(all=True, filters={"label": f"agentenv.run_id={backend.run_id}"})
         assert held and not after, "closing the pool removes every container it held"

@@ -1,0 +1,147 @@
+"""In-container half of ``DockerBackend.reset``: run as the sandbox user by the agent.
+
+Why a separate script and not agent ops: the agent is copied into every
+container and kept small; a reset needs a few things only twice per reset
+(kill, clear scratch mounts, stat paths), so it is sent as ``python3 -c``
+through the agent's ``exec`` op instead. It is stdlib-only (python 3.8+).
+
+Input: one JSON object on stdin::
+
+    {"kill": bool, "scratch": [dir, ...], "clear": bool, "stat": [path, ...], "list": [dir, ...]}
+
+Output: one JSON object on stdout with ``procs`` (sandbox-user processes
+other than the agent and this script still present), ``scratch`` (entries
+left in each scratch dir), ``ipc`` (SysV IPC objects present), ``stat``
+(path -> attributes with a sha256 of regular files, or null when missing, or
+{"error": ...}) and ``list`` (dir -> sorted names, or {"error": ...}).
+
+It never touches another user's processes: a signal is sent only to
+processes whose real, effective or saved uid is the caller's, and the kernel
+would refuse anything else anyway (the sandbox user has no capabilities).
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import stat
+import sys
+import time
+
+KILL_WINDOW_S = 3.0
+
+
+def our_processes(uid, skip):
+    """(pid, state) of processes of ``uid`` except ``skip``; zombies included."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in skip:
+            continue
+        try:
+            with open("/proc/%s/status" % name) as f:
+                text = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        uids = [int(x) for x in fields.get("Uid", "").split()[:3]]
+        if uid in uids:
+            found.append((int(name), fields.get("State", "?").strip()[:1]))
+    return found
+
+
+def kill_all(uid, skip):
+    """SIGKILL every process of ``uid`` but ``skip`` until none is left (zombies wait for init)."""
+    end = time.monotonic() + KILL_WINDOW_S
+    while time.monotonic() < end:
+        left = our_processes(uid, skip)
+        if not left:
+            return []
+        for pid, state in left:
+            if state != "Z":
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        time.sleep(0.005)
+    return our_processes(uid, skip)
+
+
+def clear_dir(path):
+    errors = []
+    try:
+        names = os.listdir(path)
+    except FileNotFoundError:
+        return errors
+    for name in names:
+        full = os.path.join(path, name)
+        try:
+            if os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full)
+            else:
+                os.unlink(full)
+        except OSError as exc:
+            errors.append("%s: %s" % (full, exc))
+    return errors
+
+
+def ipc_objects():
+    count = 0
+    for kind in ("shm", "msg", "sem"):
+        try:
+            with open("/proc/sysvipc/" + kind) as f:
+                count += max(len(f.read().splitlines()) - 1, 0)
+        except OSError:
+            continue
+    return count
+
+
+def describe(path):
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return {"error": str(exc)}
+    out = {"type": stat.S_IFMT(st.st_mode), "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid,
+           "gid": st.st_gid, "size": st.st_size, "mtime": int(st.st_mtime)}
+    try:
+        if stat.S_ISLNK(st.st_mode):
+            out["link"] = os.readlink(path)
+        elif stat.S_ISREG(st.st_mode):
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            out["sha256"] = h.hexdigest()
+    except OSError as exc:
+        return {"error": str(exc)}
+    return out
+
+
+def main():
+    req = json.loads(sys.stdin.read() or "{}")
+    uid = os.getuid()
+    skip = {os.getpid(), os.getppid()}  # this script and the agent that runs it
+    procs = kill_all(uid, skip) if req.get("kill") else our_processes(uid, skip)
+    scratch, scratch_errors = {}, []
+    for d in req.get("scratch", []):
+        if req.get("clear"):
+            scratch_errors += clear_dir(d)
+        try:
+            scratch[d] = sorted(os.listdir(d))
+        except FileNotFoundError:
+            scratch[d] = []
+    listing = {}
+    for d in req.get("list", []):
+        try:
+            listing[d] = sorted(os.listdir(d))
+        except OSError as exc:
+            listing[d] = {"error": str(exc)}
+    out = {"procs": procs, "scratch": scratch, "scratch_errors": scratch_errors, "ipc": ipc_objects(),
+           "stat": {p: describe(p) for p in req.get("stat", [])}, "list": listing}
+    sys.stdout.write(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
