@@ -53,9 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the run summary here")
     parser.add_argument("--store", default=None, help="override the config's store URL")
     parser.add_argument("--run-id", default=None)
+    parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
     try:
-        cfg = load_train_config(args.config, store=args.store, run_id=args.run_id)
+        cfg = load_train_config(args.config, store=args.store, run_id=args.run_id, seed=args.seed)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2

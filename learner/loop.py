@@ -52,6 +52,9 @@ from rollout.policy.types import SamplingParams
 from rollout.store import TrajectoryStore
 from rollout.types import Trajectory
 
+#: Micro-batch size of the RL learner; packs two typical episodes (1-2k tokens) per row on CPU.
+MAX_TRAIN_TOKENS = 4096
+
 __all__ = ["EvalResult", "Reporter", "RunHistory", "TrainLoop", "eval_requests", "split_pass_rates"]
 
 
@@ -244,7 +247,7 @@ class TrainLoop:
     async def rl(self) -> None:
         cfg = self.cfg.rl
         loss_cfg = cfg.loss.model_copy(update={"temperature": cfg.temperature})
-        trainer = Trainer(self.model, loss_cfg, TrainerConfig(lr=cfg.lr, micro_batch_tokens=2048), publisher=self._publish)
+        trainer = Trainer(self.model, loss_cfg, TrainerConfig(lr=cfg.lr, micro_batch_tokens=MAX_TRAIN_TOKENS), publisher=self._publish)
         trainer.state.step = self.version
         t_roll = t_learn = 0.0
         for it in range(1, cfg.iterations + 1):
@@ -261,8 +264,11 @@ class TrainLoop:
             for t in fresh:
                 groups[t.verifier.get("group_id", "")].append(t)
             items = items_from_groups([tuple(g) for g in groups.values() if len(g) >= 2], cfg.advantage)
-            items = [i for i in items if i.num_loss_tokens > 0]
-            row: dict[str, float] = {"iteration": it, **trajectory_splits(trajs), "dropped_stale": len(trajs) - len(fresh)}
+            # A sample longer than one micro-batch (a model looping to the turn limit) is not trained on, and counted.
+            overlong = sum(len(i) > MAX_TRAIN_TOKENS for i in items)
+            items = [i for i in items if i.num_loss_tokens > 0 and len(i) <= MAX_TRAIN_TOKENS]
+            row: dict[str, float] = {"iteration": it, **trajectory_splits(trajs), "dropped_stale": len(trajs) - len(fresh),
+                                    "dropped_overlong": overlong}
             if items and any(i.advantage != 0 for i in items):
                 self.rng.shuffle(items)
                 chunk = -(-len(items) // cfg.updates_per_iter)

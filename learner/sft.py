@@ -57,7 +57,7 @@ def batches(items: Sequence[TrainItem], batch_size: int, steps: int, seed: int =
     order: list[int] = []
     out: list[list[TrainItem]] = []
     for _ in range(steps):
-        batch = []
+        batch: list[TrainItem] = []
         while len(batch) < min(batch_size, len(items)):
             if not order:
                 order = list(range(len(items)))

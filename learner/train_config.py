@@ -121,7 +121,11 @@ def load_train_config(path: str | Path, **overrides: Any) -> TrainConfig:
         data = yaml.safe_load(source.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{source}: {exc}") from exc
+    seed = overrides.pop("seed", None)
     data.update({k: v for k, v in overrides.items() if v is not None})
+    if seed is not None:  # one number re-seeds the run: model init, seed draws, sampling
+        data["seed"] = seed
+        data["model"] = {**(data.get("model") or {}), "seed": seed}
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:

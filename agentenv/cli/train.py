@@ -46,6 +46,7 @@ def train(
     json_path: Path | None = typer.Option(None, "--json", help="write the run summary (both pass rates, splits) here"),
     store: str | None = typer.Option(None, help="override the config's store URL"),
     run_id: str | None = typer.Option(None, "--run-id", help="override the config's run_id"),
+    seed: int | None = typer.Option(None, help="override the run's seed (model init, seed draws, sampling)"),
 ) -> None:
     """Warm-start on oracle episodes, then RL in Docker sandboxes, evaluated on held-out variants."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -55,7 +56,7 @@ def train(
     from rollout.config import ConfigError
 
     try:
-        cfg = load_train_config(config, store=store, run_id=run_id)
+        cfg = load_train_config(config, store=store, run_id=run_id, seed=seed)
     except ConfigError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
