@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,10 @@ def run_training(cfg: TrainConfig, *, json_path: Path | None = None, reporter: R
     return write_outputs(summary, loop.history, cfg.run_dir(), json_path)
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m learner.job", description=__doc__.splitlines()[0])
     parser.add_argument("config")
@@ -60,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    # SIGTERM (ray job stop, kill) unwinds like Ctrl-C, so the runner's finally releases its sandboxes.
+    signal.signal(signal.SIGTERM, _interrupt)
     summary = run_training(cfg, json_path=args.json, reporter=PrintReporter())
     keys = ("run_id", "pass_rate_after_warm_start", "pass_rate_after_rl", "improvement_points", "learning_curve_png")
     print("train-report: " + json.dumps({k: summary[k] for k in keys}))
