@@ -213,6 +213,7 @@ class TrainLoop:
             raise RuntimeError(f"warm start: none of the {len(trajs)} oracle episodes passed; check the tasks")
         self.reporter.log(f"warm start: {len(items)} samples from {sum(passed(t) for t in trajs)}/{len(trajs)} passing oracle episodes")
         opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self._sft_optimizer = opt
         self.reporter.phase("warm start: SFT steps", cfg.steps)
         for step, batch in enumerate(batches(items, cfg.batch_size, cfg.steps, seed=self.cfg.seed), start=1):
             out = await asyncio.to_thread(sft_step, self.model, opt, batch, step)
@@ -249,6 +250,12 @@ class TrainLoop:
         loss_cfg = cfg.loss.model_copy(update={"temperature": cfg.temperature})
         trainer = Trainer(self.model, loss_cfg, TrainerConfig(lr=cfg.lr, micro_batch_tokens=MAX_TRAIN_TOKENS), publisher=self._publish)
         trainer.state.step = self.version
+        sft_opt = getattr(self, "_sft_optimizer", None)
+        if cfg.continue_sft_optimizer and sft_opt is not None:
+            trainer.optimizer.load_state_dict(sft_opt.state_dict())
+            for group in trainer.optimizer.param_groups:  # keep the moments, take RL's learning rate
+                group["lr"] = group["initial_lr"] = cfg.lr
+            trainer.scheduler.base_lrs = [cfg.lr for _ in trainer.optimizer.param_groups]
         t_roll = t_learn = 0.0
         for it in range(1, cfg.iterations + 1):
             t0 = time.monotonic()

@@ -62,6 +62,9 @@ class RLConfig(_Model):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     lr: float = Field(default=1e-3, gt=0.0)
     updates_per_iter: int = Field(default=1, ge=1, description="optimizer steps on each batch (minibatches)")
+    continue_sft_optimizer: bool = Field(
+        default=False, description="start RL's AdamW from the warm start's moments (a fresh Adam's first steps move every weight by ~lr)"
+    )
     max_lag: int = Field(default=1, ge=0, description="staleness K: train only on policy_version >= version - K")
     loss: LossConfig = LossConfig.dapo()
     advantage: AdvantageConfig = AdvantageConfig()
