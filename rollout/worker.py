@@ -100,6 +100,15 @@ def build_policy(cfg: PolicyConfig) -> tuple[Policy, Any]:
     return OpenAIPolicy(cfg.url, cfg.model, api_key=key, timeout_s=cfg.timeout_s), None
 
 
+def make_backend(kind: str, run_id: str) -> Any:
+    """The sandbox backend named by a config (``docker`` or ``local``), labelled with ``run_id``.
+
+    Public so in-process callers (the training loop's rollout runner) build the
+    same backend a worker does without importing ``sandboxes`` themselves.
+    """
+    return _backend(kind, run_id)
+
+
 def _backend(kind: str, run_id: str) -> Any:
     if kind == "local":
         from sandboxes.local_backend import LocalBackend

@@ -1,0 +1,77 @@
+"""``agentenv train CONFIG [--json PATH]``: the main job (warm start, RL, held-out evaluation).
+
+The work is ``learner.job.run_training``; this adds the progress display: one
+bar per phase (oracle episodes, SFT steps, each RL iteration's rollouts, each
+evaluation) and a log line per step, then a table of the two pass rates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)
+
+
+class RichReporter:
+    """Phases as rich progress bars; log lines printed above them."""
+
+    def __init__(self, progress: Any) -> None:
+        self.progress = progress
+        self.task: Any = None
+
+    def phase(self, name: str, total: int) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, visible=False)
+        self.task = self.progress.add_task(name, total=total, detail="")
+
+    def advance(self, detail: str = "") -> None:
+        if self.task is not None:
+            self.progress.update(self.task, advance=1, detail=detail)
+
+    def log(self, line: str) -> None:
+        self.progress.console.log(line)
+
+
+def train(
+    config: Path = typer.Argument(..., help="training config YAML (examples/quickstart.yaml)", exists=True, dir_okay=False),
+    json_path: Path | None = typer.Option(None, "--json", help="write the run summary (both pass rates, splits) here"),
+    store: str | None = typer.Option(None, help="override the config's store URL"),
+    run_id: str | None = typer.Option(None, "--run-id", help="override the config's run_id"),
+    seed: int | None = typer.Option(None, help="override the run's seed (model init, seed draws, sampling)"),
+) -> None:
+    """Warm-start on oracle episodes, then RL in Docker sandboxes, evaluated on held-out variants."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from learner.job import run_training
+    from learner.train_config import load_train_config
+    from rollout.config import ConfigError
+
+    try:
+        cfg = load_train_config(config, store=store, run_id=run_id, seed=seed)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.fields[detail]}"), console=console,
+    ) as progress:
+        summary = run_training(cfg, json_path=json_path, reporter=RichReporter(progress))
+    table = Table(title=f"agentenv train: {summary['run_id']} (held-out, {summary['after_rl']['n']} episodes)")
+    for col in ("split", "after warm start", "after RL"):
+        table.add_column(col)
+    table.add_row("all", f"{summary['pass_rate_after_warm_start']:.2f}", f"{summary['pass_rate_after_rl']:.2f}")
+    for kind in ("by_harness", "by_effort"):
+        first, last = summary["after_warm_start"][kind], summary["after_rl"][kind]
+        for k in sorted(set(first) | set(last)):
+            table.add_row(f"{kind[3:]}={k}", f"{first.get(k, 0):.2f}", f"{last.get(k, 0):.2f}")
+    console.print(table)
+    console.print(f"curve: {summary['learning_curve_png']}\nreport: {summary['report_md']}")

@@ -1,0 +1,77 @@
+"""``python -m learner.job CONFIG [--json PATH] [--store URL]``: the training run as a process.
+
+The same entry point serves ``agentenv train`` (which adds a rich progress
+display) and ``ray job submit --working-dir . -- python -m learner.job CONFIG``
+on a cluster: the loop itself needs no Ray (see ``learner.loop`` for why its
+rollouts run in-process), so under a job it simply runs in the job's driver.
+Exit codes: 0 done, 2 bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from learner.loop import Reporter, TrainLoop
+from learner.report import write_outputs
+from learner.train_config import TrainConfig, load_train_config
+from rollout.config import ConfigError
+
+__all__ = ["main", "run_training"]
+
+
+class PrintReporter:
+    """Plain lines on stdout: what a Ray job's log shows."""
+
+    def phase(self, name: str, total: int) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {name} ({total})", flush=True)
+
+    def advance(self, detail: str = "") -> None:
+        pass
+
+    def log(self, line: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+def run_training(cfg: TrainConfig, *, json_path: Path | None = None, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Warm start, RL, evaluations, then the curve / report / summary under ``out_dir/run_id``."""
+    from rollout.job import resolve_tasks
+
+    loop = TrainLoop(cfg, list(resolve_tasks(cfg.tasks)), reporter=reporter)
+    summary = asyncio.run(loop.run())
+    return write_outputs(summary, loop.history, cfg.run_dir(), json_path)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m learner.job", description=__doc__.splitlines()[0])
+    parser.add_argument("config")
+    parser.add_argument("--json", type=Path, default=None, help="write the run summary here")
+    parser.add_argument("--store", default=None, help="override the config's store URL")
+    parser.add_argument("--run-id", default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_train_config(args.config, store=args.store, run_id=args.run_id, seed=args.seed)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    # SIGTERM (ray job stop, kill) unwinds like Ctrl-C, so the runner's finally releases its sandboxes.
+    signal.signal(signal.SIGTERM, _interrupt)
+    summary = run_training(cfg, json_path=args.json, reporter=PrintReporter())
+    keys = ("run_id", "pass_rate_after_warm_start", "pass_rate_after_rl", "improvement_points", "learning_curve_png")
+    print("train-report: " + json.dumps({k: summary[k] for k in keys}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
