@@ -57,23 +57,24 @@ def quickstart() -> None:
             lambda r: r.stdout.strip().splitlines()[-1],
         )
         ref = step("snapshot (fast)", lambda: sb.snapshot(SnapshotKind.FAST), lambda r: r.id)
-        step("break the code", lambda: sb.write_file("/workspace/calc.py", "def add(a, b):\n    return a - b\n"))
+        # A different size from the original, so a .pyc cached in the same second is not reused.
+        step("break the code", lambda: sb.write_file("/workspace/calc.py", "def add(a, b):\n    return a - b  # broken on purpose\n"))
         forks = step("fork 3 from the snapshot", lambda: pool.fork(ref, 3), lambda fs: ", ".join(f.id for f in fs))
-        step(
+        fork_codes = step(
             "tests in the 3 forks",
             lambda: [f.exec("python3 -m pytest -q", timeout=60).exit_code for f in forks],
             lambda codes: f"exit codes {codes} (snapshot was green)",
         )
-        step("tests in the broken original", lambda: sb.exec("python3 -m pytest -q", timeout=60).exit_code,
+        broken_code = step("tests in the broken original", lambda: sb.exec("python3 -m pytest -q", timeout=60).exit_code,
              lambda code: f"exit code {code}")
         restored = step("restore the snapshot", lambda: pool.restore(ref), lambda s: s.id)
-        step("tests after restore", lambda: restored.exec("python3 -m pytest -q", timeout=60).exit_code,
+        restored_code = step("tests after restore", lambda: restored.exec("python3 -m pytest -q", timeout=60).exit_code,
              lambda code: f"exit code {code}")
         img = step("durable snapshot (docker commit)", lambda: restored.snapshot(SnapshotKind.IMAGE), lambda r: r.location[:19])
         for s in [sb, restored, *forks]:
             pool.release(s)
         from_image = step("new sandbox from the durable snapshot", lambda: backend.restore(img), lambda s: s.id)
-        step("tests in it", lambda: from_image.exec("python3 -m pytest -q", timeout=60).exit_code,
+        image_code = step("tests in it", lambda: from_image.exec("python3 -m pytest -q", timeout=60).exit_code,
              lambda code: f"exit code {code}")
         from_image.close()
         step("remove the durable snapshot image", lambda: client.images.remove(img.location, force=True))
@@ -87,3 +88,9 @@ def quickstart() -> None:
     for label, ms, shown in timings:
         table.add_row(label, f"{ms:.1f}", shown)
     console.print(table)
+    # The tour proves something only if each branch kept its own state.
+    expected = {"forks green": fork_codes == [0, 0, 0], "original red": broken_code != 0,
+                "restore green": restored_code == 0, "durable green": image_code == 0}
+    if not all(expected.values()):
+        console.print(f"[red]snapshot semantics broken: {expected}[/]")
+        raise typer.Exit(1)
