@@ -36,8 +36,9 @@ def test_pool_hands_out_pristine_sandboxes_and_forks(docker_client: docker.Docke
             # the released container may come back (reset in place) or be replaced; never dirty
             for fresh in [pool.acquire(timeout=60) for _ in range(2)]:
                 assert fresh.exec("ls -A /workspace").stdout == "", "a released sandbox never comes back dirty"
-            held = [c.id for c in docker_client.containers.list(all=True, filters={"label": f"agentenv.run_id={backend.run_id}"})]
-        after = docker_client.containers.list(all=True, filters={"label": f"agentenv.run_id={backend.run_id}"})
+            # the low-level list does not inspect each container: a background recycle may remove one meanwhile
+            held = [c["Id"] for c in docker_client.api.containers(all=True, filters={"label": f"agentenv.run_id={backend.run_id}"})]
+        after = docker_client.api.containers(all=True, filters={"label": f"agentenv.run_id={backend.run_id}"})
         assert held and not after, "closing the pool removes every container it held"
     finally:
         backend.close()
