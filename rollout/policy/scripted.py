@@ -42,7 +42,12 @@ _SYSTEM_NOTE = re.compile(r"<system>.*?</system>", re.DOTALL)
 
 
 def oracle_command(script: str) -> str:
-    """``bash -s`` reading ``script`` from a quoted heredoc (no expansion), with a delimiter the script lacks."""
+    """The shell call that runs ``script``: a one-line script as it is (what a person types, and
+    what a tiny model learns from), anything longer as ``bash -s`` reading a quoted heredoc (no
+    expansion) with a delimiter the script lacks."""
+    body = script.strip()
+    if body and "\n" not in body:
+        return body
     delimiter = "AGENTENV_ORACLE"
     while delimiter in script:
         delimiter += "_"

@@ -45,6 +45,7 @@ def test_oracle_command_quotes_the_script_whatever_it_holds() -> None:
     command = oracle_command(script)
     first, *_, last = command.splitlines()
     assert first == "bash -s <<'AGENTENV_ORACLE_'" and last == "AGENTENV_ORACLE_"
+    assert oracle_command("echo 42 > /workspace/answer.txt\n") == "echo 42 > /workspace/answer.txt", "one line goes as is"
 
 
 @pytest.mark.unit

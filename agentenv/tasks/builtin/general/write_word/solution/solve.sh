@@ -1,0 +1,1 @@
+echo {{ word }} > /workspace/answer.txt
