@@ -1,41 +1,59 @@
 """Learner throughput on a GPU: our packed trainer step vs a plain padded Hugging Face loop.
 
-Run on the H200 (not in CI)::
+Run on the H200 (not in CI; the defaults are the fast configuration on CUDA)::
 
-    python -m learner.bench_gpu --out runs/bench_learner.json
+    python -m learner.bench_gpu --verbose --out runs/bench_learner.json
 
 and on any CPU, in seconds, with a tiny model (what the unit test does)::
 
     python -m learner.bench_gpu --tiny --out /tmp/bench.json
 
 Both contenders train the same model (Qwen2-0.5B-shaped, random weights from
-a config, bf16 autocast over fp32 master weights, AdamW, grad clip 1.0) on the
-same samples with the same loss (DAPO, ``learner.losses``), in the same run:
+a config, bf16 autocast over fp32 weights, AdamW, grad clip 1.0) on the same
+samples with the same loss (DAPO, ``learner.losses``), in the same run:
 
 - ``packed``: ``learner.trainer.Trainer.step`` -- first-fit-decreasing packing
-  into ``--seq-tokens`` rows, attention confined per sample, each row topped up
-  to the fixed row size (``--pad-to-multiple``, a few % of slack) because on
-  the GPU every new sequence length costs a fresh cuDNN attention plan;
+  into ``--seq-tokens`` (4096) rows, each topped up to that fixed size, ``--rows``
+  (8) rows per micro-batch, attention confined per sample by PyTorch's own
+  FlashAttention-2 varlen kernel (``--attn packed_varlen``; no T x T mask, no
+  FLOPs across samples), the LM head + fp32 log-softmax in ``--logprob-chunk``
+  (8192) token chunks with fused kernels and bf16 logits kept for backward
+  (``--keep-logits``), each decoder layer under ``torch.compile``
+  (``--compile``), fused AdamW (``--fused-adamw``). Each is a ``TrainerConfig``
+  field (or the model's ``attn_implementation``), off by default in the trainer;
+  ``--rows 1 --logprob-chunk 0 --attn sdpa --no-compile --no-fused-adamw`` is
+  the trainer's default path.
 - ``padded``: the usual loop -- fixed-size batches in data order, each padded to
   its longest sample (rounded up to ``--baseline-pad-multiple``, like HF's
-  ``pad_to_multiple_of``) with a 2D attention mask, same loss on the padded grid.
+  ``pad_to_multiple_of``) with a 2D attention mask, sdpa, full fp32 logits,
+  default AdamW, same loss on the padded grid.
 
-First H200 readings (3 timed steps of 32 samples, mean 1213 tokens; one run
-each, so rough): rows of varying length 18.2k tokens/s (5.9% MFU); fixed 4096
-rows 29.0k tokens/s (9.5% MFU) against the padded loop's 18.4k at multiple 256
-(10.5k unrounded). A bare forward + backward of one 4096-token row reached
-~12% MFU, so the gap to the 35% goal is in the model step itself (fp32 master
-weights under autocast, full-vocabulary fp32 logits, unfused kernels), not in
-packing; the loss matched the CPU fp32 reference to 7.5e-5.
+Why fp32 weights (and fp32 Adam state) rather than pure bf16: at the RL
+learning rates here (~1e-6) an update is ~1e-4 of a weight, below bf16's
+resolution (2^-8), so bf16 weights would drop most updates; the cost is one
+weight cast per micro-batch and a 9 ms fused optimizer step.
+
+H200 readings (torch 2.11, transformers 5.17; 5 timed steps of 64 samples,
+mean 1114 tokens, after 2 warm-up steps that include the ~15-20 s compile; one
+run each, so rough): fast path 111.8k tokens/s, 36.5% MFU, against the padded
+loop's 20.9k (5.35x) in the same run; recomputing logits in backward instead
+of keeping them 106.3k (34.7%); without compile 52k (17%); the trainer's
+default path (one row per micro-batch, sdpa, full logits, eager) 36.9k (12.0%).
+Loss vs the CPU fp32 reference: 1.9e-4 (tolerance 4e-2); gradient cosine
+0.9988. ``docs/benchmarks.md`` has the table.
 
 Tokens/s counts *real* tokens for both (padding is waste, not work). MFU is
 model FLOPs / (time x peak): ``6 N`` per token (``N`` = matmul parameters, the
-LM head included) plus causal attention ``6 n^2 d L`` per sample of length ``n``.
+LM head included) plus causal attention ``6 n^2 d L`` per sample of length
+``n``; recomputation (none on the fast path, one LM-head forward with
+``--no-keep-logits``) counts as time, not as FLOPs.
 
-Loss check: on a small slice, the loss and logprobs of the GPU bf16 path are
-compared with a CPU fp32 reference of the same weights; the rollout logprobs
-are the reference's plus noise, so the ratio (and the loss) depends on the
-logprobs being right. Tolerance: bf16's, |diff| <= 2e-2 (1 + |ref|).
+Loss check: on a slice packed exactly as the trainer packs it, the trained
+model's loss, logprobs and gradient on the GPU path are compared with a CPU
+fp32 copy of the same weights on the plain path (default attention, full
+logits); the rollout logprobs are the reference's plus noise, so the ratio (and
+the loss) depends on the logprobs being right. Tolerance: bf16's, |diff| <=
+2e-2 (1 + |ref|), and gradient cosine >= 0.95.
 """
 
 from __future__ import annotations
@@ -51,15 +69,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from transformers import Qwen2Config
 
 from learner.losses import policy_loss
-from learner.model import PolicyModel
-from learner.packing import make_batch, pack
+from learner.model import VARLEN_ATTENTION, PolicyModel
+from learner.packing import pack
 from learner.trainer import Trainer
 from learner.types import LossConfig, TrainerConfig, TrainItem
 
 H200_BF16_TFLOPS = 989.0  # dense, SXM
+GRAD_COS_MIN = 0.95  # bf16 vs fp32 gradients of one micro-batch; a broken backward lands far below
 
 
 def model_config(tiny: bool) -> Qwen2Config:
@@ -137,36 +157,73 @@ def _sync(device: torch.device) -> float:
 
 
 def loss_check(
-    cfg: Qwen2Config, items: Sequence[TrainItem], device: torch.device, seed: int, attn: str
+    model: PolicyModel, cfg: Qwen2Config, items: Sequence[TrainItem], tcfg: TrainerConfig, bf16: bool,
 ) -> dict[str, Any]:
-    """GPU (bf16 autocast) vs CPU fp32 loss and logprobs of the same weights on a packed slice."""
+    """The trained model's loss, logprobs and gradient on the GPU path vs a CPU fp32 copy of the same weights.
+
+    The slice is packed exactly as the trainer packs (same rows, attention,
+    chunking, compiled layers), and the reference is the plain path: CPU, fp32,
+    default attention, full logits. Rollout logprobs are the reference's plus
+    noise, so the ratio (and the loss) depends on the logprobs being right.
+    """
     loss_cfg = LossConfig.dapo(is_correction="none")
-    ref_model = PolicyModel.from_config(cfg, seed=seed).eval()
-    batch = make_batch(items)
+    device = model.device
+    ref_model = PolicyModel.from_config(cfg)
+    ref_model.load_state_dict({k: v.detach().float().cpu() for k, v in model.state_dict().items()})
+    batch = pack(items, tcfg.micro_batch_tokens, pad_to_multiple=tcfg.pad_to_multiple,
+                 rows=tcfg.rows_per_micro_batch)[0]
     with torch.no_grad():
         ref_logp, _ = ref_model.logprobs(batch.input_ids_BT, batch.position_ids_BT)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(0)
     mu = (ref_logp + 0.1 * torch.randn(ref_logp.shape, generator=g)) * batch.loss_mask_BT
     adv = torch.ones_like(batch.adv_BT)
 
-    def loss_on(model: PolicyModel, dev: torch.device, bf16: bool) -> tuple[float, torch.Tensor]:
+    def loss_and_grads(m: PolicyModel, dev: torch.device, bf16: bool, fast: bool) -> tuple[float, Any, Any]:
         b = batch.to(dev)
-        with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-            logp, _ = model.logprobs(b.input_ids_BT, b.position_ids_BT)
+        m.train()
+        m.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            logp, _ = m.logprobs(b.input_ids_BT, b.position_ids_BT, with_entropy=True,
+                                 chunk_tokens=tcfg.logprob_chunk_tokens if fast else None,
+                                 keep_logits=tcfg.logprob_keep_logits)
         out = policy_loss(logp, mu.to(dev), adv.to(dev), b.loss_mask_BT, b.seg_BT, loss_cfg, old_logp_BT=mu.to(dev))
-        return float(out.loss), logp.cpu()
+        out.loss.backward()
+        grads = torch.cat([torch.zeros(p.numel()) if p.grad is None else p.grad.detach().float().cpu().flatten()
+                           for _, p in sorted(m.named_parameters())])
+        m.zero_grad(set_to_none=True)
+        return float(out.loss.detach()), logp.detach().cpu(), grads
 
-    ref_loss, _ = loss_on(ref_model, torch.device("cpu"), False)
-    test_model = PolicyModel.from_config(cfg, seed=seed, attn_implementation=attn).to(device).eval()
-    test_loss, test_logp = loss_on(test_model, device, device.type == "cuda")
+    ref_loss, _, ref_grad = loss_and_grads(ref_model, torch.device("cpu"), False, False)
+    test_loss, test_logp, test_grad = loss_and_grads(model, device, bf16, True)
     on = batch.loss_mask_BT > 0
     logp_diff = (test_logp - ref_logp)[on].abs()
     tol = 2e-2 * (1.0 + abs(ref_loss))
+    # float64: F.cosine_similarity in fp32 over ~5e8 entries drifts past 1 (seen: 1.10)
+    test64, ref64 = test_grad.double(), ref_grad.double()
+    grad_cos = float(test64 @ ref64 / (test64.norm() * ref64.norm()))
+    ok = abs(test_loss - ref_loss) <= tol and grad_cos >= GRAD_COS_MIN
     return {
-        "tokens": batch.num_tokens, "loss_device": test_loss, "loss_cpu_fp32": ref_loss,
-        "abs_diff": abs(test_loss - ref_loss), "tolerance": tol, "ok": abs(test_loss - ref_loss) <= tol,
+        "tokens": batch.num_tokens, "rows": batch.input_ids_BT.shape[0], "loss_device": test_loss,
+        "loss_cpu_fp32": ref_loss, "abs_diff": abs(test_loss - ref_loss), "tolerance": tol,
         "logp_abs_diff_mean": float(logp_diff.mean()), "logp_abs_diff_max": float(logp_diff.max()),
+        "grad_cosine": grad_cos, "grad_norm_ratio": float(test_grad.norm() / ref_grad.norm()), "ok": ok,
     }
+
+
+def packed_config(args: argparse.Namespace, bf16: bool) -> TrainerConfig:
+    """The trainer configuration under test (``--rows`` etc.); the defaults are the fast one."""
+    return TrainerConfig(
+        lr=1e-6, micro_batch_tokens=args.seq_tokens, bf16=bf16, pad_to_multiple=args.pad_to_multiple,
+        rows_per_micro_batch=args.rows, logprob_chunk_tokens=args.logprob_chunk or None,
+        logprob_keep_logits=args.keep_logits, compile_layers=args.compile, fused_optimizer=args.fused_adamw,
+    )
+
+
+def _compile_stats() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {"unique_graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -179,72 +236,111 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     loss_cfg = LossConfig.dapo()
     mean_len = statistics.mean(len(it) for it in items)
     baseline_bs = args.baseline_batch or max(1, round(args.seq_tokens / mean_len))
+    tcfg = packed_config(args, bf16)
+    timed = [len(it) for b in per_step[args.warmup:] for it in b]
+    flops = train_flops(cfg, timed)
 
     results: dict[str, Any] = {}
-    for name in ("packed", "padded"):
-        model = PolicyModel.from_config(cfg, seed=args.seed, attn_implementation=args.attn).to(device)
-        trainer = Trainer(model, loss_cfg, TrainerConfig(
-            lr=1e-6, micro_batch_tokens=args.seq_tokens, bf16=bf16, pad_to_multiple=args.pad_to_multiple))
+    check: dict[str, Any] | None = None
+    for name in args.contenders:
+        if name == "packed":
+            model = PolicyModel.from_config(cfg, seed=args.seed, attn_implementation=args.attn).to(device)
+            trainer = Trainer(model, loss_cfg, tcfg)
+        else:  # the plain loop: default attention, default AdamW, full logits
+            model = PolicyModel.from_config(cfg, seed=args.seed, attn_implementation=args.baseline_attn).to(device)
+            trainer = Trainer(model, loss_cfg, TrainerConfig(lr=1e-6, bf16=bf16))
         times: list[float] = []
+        phases: list[tuple[float, float, float]] = []
         for k, batch in enumerate(per_step):
             t0 = _sync(device)
             if name == "packed":
-                trainer.step(batch)
+                m = trainer.step(batch)
+                if k >= args.warmup:
+                    phases.append((m.pack_s, m.forward_backward_s, m.optimizer_s))
             else:
                 padded_step(model, trainer.optimizer, batch, baseline_bs, loss_cfg, device, bf16,
                             args.baseline_pad_multiple)
+            elapsed = _sync(device) - t0
             if k >= args.warmup:
-                times.append(_sync(device) - t0)
-        timed = [len(it) for b in per_step[args.warmup:] for it in b]
+                times.append(elapsed)
+            elif args.verbose:
+                print(f"  {name} warmup step {k}: {elapsed:.1f} s", flush=True)
         seconds = sum(times)
-        flops = train_flops(cfg, timed)
         results[name] = {
             "tokens_per_s": sum(timed) / seconds, "mfu": flops / seconds / (args.peak_tflops * 1e12),
             "step_s_mean": seconds / len(times), "tokens": sum(timed),
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         }
         if name == "packed":
-            rows = [b for step in per_step[args.warmup:] for b in pack(step, args.seq_tokens)]
-            slots = sum(-(-b.num_tokens // args.pad_to_multiple) * args.pad_to_multiple for b in rows)
-            results[name]["pad_fraction"] = 1.0 - sum(timed) / slots
+            rows = [r for step in per_step[args.warmup:]
+                    for mb in pack(step, args.seq_tokens, pad_to_multiple=args.pad_to_multiple, rows=args.rows)
+                    for r in mb.seg_BT]
+            slots = sum(r.numel() for r in rows)
+            results[name] |= {
+                "pad_fraction": 1.0 - sum(timed) / slots, "micro_batches_per_step": len(rows) / args.steps / args.rows,
+                "pack_s": statistics.mean(p[0] for p in phases), "fwd_bwd_s": statistics.mean(p[1] for p in phases),
+                "optimizer_s": statistics.mean(p[2] for p in phases),
+            }
+            if args.compile:
+                results[name]["compile"] = _compile_stats()
+            if args.loss_check:
+                slice_items = [TrainItem(it.token_ids[:args.check_len], it.rollout_logprobs[:args.check_len],
+                                         it.loss_mask[:args.check_len], 1.0) for it in items[:args.check_samples]]
+                check = loss_check(model, cfg, slice_items, tcfg, bf16)
         if name == "padded":
             mult = args.baseline_pad_multiple
             slots = sum(-(-max(len(it) for it in b[i:i + baseline_bs]) // mult) * mult * len(b[i:i + baseline_bs])
                         for b in per_step[args.warmup:] for i in range(0, len(b), baseline_bs))
-            results[name]["pad_fraction"] = 1.0 - sum(timed) / slots
-            results[name]["batch_size"] = baseline_bs
+            results[name] |= {"pad_fraction": 1.0 - sum(timed) / slots, "batch_size": baseline_bs}
+        if args.verbose:
+            print(f"  {name}: {results[name]}", flush=True)
         del trainer, model
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
 
-    slice_items = [TrainItem(it.token_ids[:args.check_len], it.rollout_logprobs[:args.check_len],
-                             it.loss_mask[:args.check_len], 1.0) for it in items[:args.check_samples]]
-    return {
+    out: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "model": "tiny" if args.tiny else "qwen2-0.5b-shape", "matmul_params": matmul_params(cfg),
-        "dtype": "bf16-autocast" if bf16 else "fp32", "attn": args.attn, "seq_tokens": args.seq_tokens,
+        "dtype": "bf16-autocast, fp32 weights" if bf16 else "fp32", "attn": args.attn,
+        "baseline_attn": args.baseline_attn, "seq_tokens": args.seq_tokens, "rows": args.rows,
+        "logprob_chunk": args.logprob_chunk, "keep_logits": args.keep_logits, "compile": args.compile,
+        "fused_adamw": args.fused_adamw,
         "samples_per_step": args.samples_per_step, "pad_to_multiple": args.pad_to_multiple,
         "baseline_pad_multiple": args.baseline_pad_multiple, "steps": args.steps, "mean_len": mean_len,
-        "peak_tflops": args.peak_tflops, "packed": results["packed"], "padded": results["padded"],
-        "speedup": results["packed"]["tokens_per_s"] / results["padded"]["tokens_per_s"],
-        "loss_check": loss_check(cfg, slice_items, device, args.seed, args.attn),
-        "torch": torch.__version__,
+        "peak_tflops": args.peak_tflops, "torch": torch.__version__, "transformers": transformers.__version__,
+        **results,
     }
+    if "packed" in results and "padded" in results:
+        out["speedup"] = results["packed"]["tokens_per_s"] / results["padded"]["tokens_per_s"]
+    if check is not None:
+        out["loss_check"] = check
+    return out
 
 
 def table(r: dict[str, Any]) -> str:
-    rows = [f"learner benchmark: {r['model']} on {r['device']} ({r['dtype']}, attn={r['attn']}, "
-            f"{r['seq_tokens']}-token rows, mean sample {r['mean_len']:.0f} tokens)",
-            f"{'':8} {'tokens/s':>12} {'MFU':>7} {'step s':>8} {'pad %':>6}"]
+    rows = [f"learner benchmark: {r['model']} on {r['device']} ({r['dtype']}, {r['seq_tokens']}-token rows, "
+            f"mean sample {r['mean_len']:.0f} tokens; torch {r['torch']}, transformers {r['transformers']})",
+            f"packed = {r['rows']} rows/micro-batch, attn {r['attn']}, logprob chunk {r['logprob_chunk'] or 'off'}"
+            f"{' (bf16 logits kept)' if r['keep_logits'] and r['logprob_chunk'] else ''}, "
+            f"compile {'on' if r['compile'] else 'off'}, fused AdamW {'on' if r['fused_adamw'] else 'off'}; "
+            f"padded = plain HF loop, attn {r['baseline_attn']}",
+            f"{'':8} {'tokens/s':>12} {'MFU':>7} {'step s':>8} {'pad %':>6} {'peak GiB':>9}"]
     for name in ("packed", "padded"):
+        if name not in r:
+            continue
         x = r[name]
-        pad = f"{100 * x['pad_fraction']:.0f}"
-        rows.append(f"{name:8} {x['tokens_per_s']:12.0f} {100 * x['mfu']:6.1f}% {x['step_s_mean']:8.3f} {pad:>6}")
-    c = r["loss_check"]
-    rows.append(f"speedup {r['speedup']:.2f}x; loss device {c['loss_device']:.5f} vs cpu fp32 {c['loss_cpu_fp32']:.5f} "
-                f"(|diff| {c['abs_diff']:.1e} <= {c['tolerance']:.1e}: {'ok' if c['ok'] else 'FAIL'}; "
-                f"mean |dlogp| {c['logp_abs_diff_mean']:.1e})")
+        mem = f"{x['peak_mem_gib']:.1f}" if x["peak_mem_gib"] is not None else "-"
+        rows.append(f"{name:8} {x['tokens_per_s']:12.0f} {100 * x['mfu']:6.1f}% {x['step_s_mean']:8.3f} "
+                    f"{100 * x['pad_fraction']:6.0f} {mem:>9}")
+    if "speedup" in r:
+        rows.append(f"speedup {r['speedup']:.2f}x")
+    if "loss_check" in r:
+        c = r["loss_check"]
+        rows.append(f"loss check: device {c['loss_device']:.5f} vs cpu fp32 {c['loss_cpu_fp32']:.5f} "
+                    f"(|diff| {c['abs_diff']:.1e} <= {c['tolerance']:.1e}; mean |dlogp| "
+                    f"{c['logp_abs_diff_mean']:.1e}; grad cosine {c['grad_cosine']:.4f}): "
+                    f"{'ok' if c['ok'] else 'FAIL'}")
     return "\n".join(rows)
 
 
@@ -252,7 +348,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="tiny config and sizes: runs on a CPU in seconds")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--attn", default="sdpa", help="sdpa | flash_attention_2 | eager | flex_attention")
+    p.add_argument("--attn", default=VARLEN_ATTENTION,
+                   help=f"packed path's attention: {VARLEN_ATTENTION} (default) | sdpa | flex_attention | eager")
+    p.add_argument("--baseline-attn", default="sdpa", help="the padded loop's attention")
+    p.add_argument("--rows", type=int, default=None, help="packed rows per micro-batch (default 8; tiny 2)")
+    p.add_argument("--logprob-chunk", type=int, default=None,
+                   help="LM head + logprobs this many tokens at a time; 0 = full logits (default 8192; tiny 64)")
+    p.add_argument("--keep-logits", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep the chunks' logits for backward instead of recomputing them (default: on CUDA)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the decoder layers (default: on CUDA)")
+    p.add_argument("--fused-adamw", action=argparse.BooleanOptionalAction, default=None,
+                   help="fused AdamW for the packed trainer (default: on CUDA)")
+    p.add_argument("--contenders", default="packed,padded", help="comma list of packed, padded")
+    p.add_argument("--loss-check", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast on GPU")
     p.add_argument("--seq-tokens", type=int, default=None, help="tokens per packed row (default 4096; tiny 128)")
     p.add_argument("--min-len", type=int, default=None)
@@ -265,21 +374,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="round padded batches up to this, like HF's pad_to_multiple_of (default 256; tiny 16)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--check-samples", type=int, default=4)
+    p.add_argument("--check-samples", type=int, default=None)
     p.add_argument("--check-len", type=int, default=None)
     p.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verbose", action="store_true", help="print warmup times and each contender's result")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     defaults = ({"seq_tokens": 128, "min_len": 8, "max_len": 96, "samples_per_step": 8, "steps": 2, "warmup": 1,
-                 "check_len": 32, "baseline_pad_multiple": 16} if args.tiny else
+                 "check_samples": 4, "check_len": 32, "baseline_pad_multiple": 16, "rows": 2, "logprob_chunk": 64}
+                if args.tiny else
                 {"seq_tokens": 4096, "min_len": 128, "max_len": 4096, "samples_per_step": 64, "steps": 5,
-                 "warmup": 2, "check_len": 512, "baseline_pad_multiple": 256})
+                 "warmup": 2, "check_samples": 8, "check_len": 1024, "baseline_pad_multiple": 256, "rows": 8,
+                 "logprob_chunk": 8192})
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
     if args.pad_to_multiple is None:
         args.pad_to_multiple = args.seq_tokens
+    on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    for k in ("keep_logits", "compile", "fused_adamw"):
+        if getattr(args, k) is None:
+            setattr(args, k, on_gpu)
+    args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    bad = [c for c in args.contenders if c not in ("packed", "padded")]
+    if bad or not args.contenders:
+        p.error(f"--contenders: expected a comma list of packed, padded; got {bad or 'nothing'}")
     return args
 
 
@@ -290,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
-    return 0 if result["loss_check"]["ok"] else 1
+    return 0 if result.get("loss_check", {"ok": True})["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -125,9 +125,11 @@ class Trainer:
         self.state = TrainerState()
         self.device = model.device
         self.bf16 = self.cfg.bf16 if self.cfg.bf16 is not None else self.device.type == "cuda"
+        if self.cfg.compile_layers and not model.compiled:
+            model.compile_layers()
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, eps=self.cfg.adam_eps,
-            weight_decay=self.cfg.weight_decay,
+            weight_decay=self.cfg.weight_decay, fused=True if self.cfg.fused_optimizer else None,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, self.cfg))
         self.last_published: str | None = None
@@ -166,7 +168,8 @@ class Trainer:
         if n_tok == 0:
             raise ValueError(f"Trainer.step: the {len(items)} items have no loss tokens (all masked)")
         t_start = self._sync()
-        micro = pack(items, self.cfg.micro_batch_tokens, pad_to_multiple=self.cfg.pad_to_multiple)
+        micro = pack(items, self.cfg.micro_batch_tokens, pad_to_multiple=self.cfg.pad_to_multiple,
+                     rows=self.cfg.rows_per_micro_batch)
         t_packed = time.perf_counter()
 
         self.model.train()
@@ -177,7 +180,8 @@ class Trainer:
             mb = mb.to(self.device)
             with self._autocast():
                 logp_BT, ent_BT = self.model.logprobs(
-                    mb.input_ids_BT, mb.position_ids_BT, temperature=self.loss_cfg.temperature, with_entropy=True
+                    mb.input_ids_BT, mb.position_ids_BT, temperature=self.loss_cfg.temperature, with_entropy=True,
+                    chunk_tokens=self.cfg.logprob_chunk_tokens, keep_logits=self.cfg.logprob_keep_logits,
                 )
             ref_BT = mb.ref_logp_BT
             if self.loss_cfg.kl_coef > 0 and ref_BT is None:
@@ -229,7 +233,8 @@ class Trainer:
             raise ValueError("Trainer: LossConfig.kl_coef > 0 needs ref_logprobs on the items or a ref_model")
         self.ref_model.eval()
         with self._autocast():
-            ref_BT, _ = self.ref_model.logprobs(input_ids_BT, position_ids_BT, temperature=self.loss_cfg.temperature)
+            ref_BT, _ = self.ref_model.logprobs(input_ids_BT, position_ids_BT, temperature=self.loss_cfg.temperature,
+                                                chunk_tokens=self.cfg.logprob_chunk_tokens)
         return ref_BT
 
     def publish(self) -> str | None:

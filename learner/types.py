@@ -163,6 +163,18 @@ class TrainerConfig(BaseModel):
     length; on an H200 this took a 0.5B model from 18k to 29k tokens/s).
     ``schedule``: linear warmup over ``warmup_steps``, then constant, or linear /
     cosine decay to ``min_lr_ratio x lr`` at ``total_steps``.
+
+    GPU throughput options, all off by default (``learner.bench_gpu`` measures
+    them): ``rows_per_micro_batch`` stacks that many packed rows into one
+    forward pass (a single 4k row of a 0.5B model leaves an H200 idle between
+    kernel launches); ``logprob_chunk_tokens`` runs the LM head and fp32
+    log-softmax that many tokens at a time instead of materialising full-vocab
+    fp32 logits, recomputing them in backward unless ``logprob_keep_logits``
+    (then they are kept in bf16: 2 bytes x vocab a token, one LM-head matmul
+    less); ``compile_layers`` applies ``torch.compile`` to each decoder layer
+    (the first steps pay the compile); ``fused_optimizer`` uses AdamW's fused
+    kernel. Weights stay fp32 under bf16 autocast: at lr ~1e-6 a bf16 weight
+    would round most updates away.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -180,6 +192,11 @@ class TrainerConfig(BaseModel):
     pad_to_multiple: int = Field(default=1, ge=1)
     bf16: bool | None = None
     publish_every: int = Field(default=1, ge=0, description="publish weights every N steps; 0 never")
+    rows_per_micro_batch: int = Field(default=1, ge=1)
+    logprob_chunk_tokens: int | None = Field(default=None, ge=1)
+    logprob_keep_logits: bool = False
+    compile_layers: bool = False
+    fused_optimizer: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

@@ -24,6 +24,17 @@ def test_bench_tiny_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "tokens/s" in capsys.readouterr().out
 
 
+def test_bench_plain_packed_only(tmp_path: Path) -> None:
+    """The pre-optimisation configuration (one row, full logits, sdpa) stays runnable for comparisons."""
+    out = tmp_path / "bench.json"
+    argv = ["--tiny", "--device", "cpu", "--rows", "1", "--logprob-chunk", "0", "--attn", "sdpa",
+            "--contenders", "packed", "--no-loss-check", "--out", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert "padded" not in result and "loss_check" not in result and result["rows"] == 1
+    assert result["packed"]["tokens_per_s"] > 0
+
+
 def test_qwen2_half_billion_shape() -> None:
     # Qwen2-0.5B: 494M parameters, 136M of them the (tied) embedding; all of them enter a matmul
     assert 0.49e9 < matmul_params(model_config(tiny=False)) < 0.50e9

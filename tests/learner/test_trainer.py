@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-from learner.model import PolicyModel
+from learner.model import VARLEN_ATTENTION, PolicyModel
 from learner.publish import CheckpointPublisher, latest_version
 from learner.trainer import Trainer, lr_factor
 from learner.types import LossConfig, TrainerConfig
@@ -72,6 +72,24 @@ def test_step_does_not_depend_on_packing(tiny_config: Qwen2Config, vocab_size: i
     assert m_small.grad_norm == pytest.approx(m_big.grad_norm, rel=1e-4)
     for name in p_small:  # the gradients, not the weights: Adam's first step is ~lr * sign(g)
         torch.testing.assert_close(p_small[name], p_big[name], rtol=1e-4, atol=1e-8)
+
+
+def test_gpu_throughput_options_keep_the_step(tiny_config: Qwen2Config, vocab_size: int) -> None:
+    """Stacked rows, varlen attention, chunked logprobs and fused AdamW change speed, not the gradient."""
+    items = random_items(10, vocab_size, seed=5)
+    plain = Trainer(PolicyModel.from_config(tiny_config, seed=0), LossConfig.grpo(), TrainerConfig(
+        lr=1e-3, micro_batch_tokens=64))
+    fast_model = PolicyModel.from_config(tiny_config, seed=0, attn_implementation=VARLEN_ATTENTION)
+    fast = Trainer(fast_model, LossConfig.grpo(),
+                   TrainerConfig(lr=1e-3, micro_batch_tokens=64, pad_to_multiple=64, rows_per_micro_batch=3,
+                                 logprob_chunk_tokens=50, logprob_keep_logits=True, fused_optimizer=True))
+    m_plain, m_fast = plain.step(items), fast.step(items)
+    assert m_fast.num_micro_batches == -(-m_plain.num_micro_batches // 3)
+    assert m_fast.loss == pytest.approx(m_plain.loss, abs=1e-6)
+    assert m_fast.entropy == pytest.approx(m_plain.entropy, rel=1e-5)
+    for (name, p), q in zip(plain.model.named_parameters(), fast.model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7, msg=name)
+    assert fast.optimizer.param_groups[0]["fused"] and not plain.optimizer.param_groups[0]["fused"]
 
 
 def test_positive_advantage_raises_logprob(tiny_model: PolicyModel, vocab_size: int) -> None:
