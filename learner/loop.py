@@ -248,7 +248,14 @@ class TrainLoop:
     async def rl(self) -> None:
         cfg = self.cfg.rl
         loss_cfg = cfg.loss.model_copy(update={"temperature": cfg.temperature})
-        trainer = Trainer(self.model, loss_cfg, TrainerConfig(lr=cfg.lr, micro_batch_tokens=MAX_TRAIN_TOKENS), publisher=self._publish)
+        # KL(pi || pi_ref) to the warm-started model keeps what SFT taught (the tool-call format)
+        # while RL moves the decisions the verifier rewards; the reference is a frozen copy.
+        ref = None
+        if loss_cfg.kl_coef > 0:
+            ref = PolicyModel(copy.deepcopy(self.model.lm))
+            ref.lm.requires_grad_(False)
+        trainer = Trainer(self.model, loss_cfg, TrainerConfig(lr=cfg.lr, micro_batch_tokens=MAX_TRAIN_TOKENS),
+                          publisher=self._publish, ref_model=ref)
         trainer.state.step = self.version
         sft_opt = getattr(self, "_sft_optimizer", None)
         if cfg.continue_sft_optimizer and sft_opt is not None:

@@ -26,7 +26,7 @@ TINY = {
     "tasks": {"ids": ["general/answer_number"]},
     "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1},
     "sft": {"episodes": 3, "steps": 2, "batch_size": 2},
-    "rl": {"iterations": 2, "groups_per_iter": 1, "group_size": 2, "updates_per_iter": 1},
+    "rl": {"iterations": 2, "groups_per_iter": 1, "group_size": 2, "updates_per_iter": 1, "loss": {"kl_coef": 0.05}},
     "eval": {"seeds": {"start": 9000, "count": 3}, "every": 1},
     "train_seeds": 9000,
     "max_new_tokens": 16,
