@@ -1,4 +1,4 @@
-"""Advantages from rewards: GRPO, Dr. GRPO, RLOO, REINFORCE++; and the reward shaping before them.
+"""Advantages from rewards: GRPO, Dr. GRPO, RLOO, REINFORCE++, plain REINFORCE; and the reward shaping before them.
 
 All estimators here give one advantage per trajectory (outcome RL); the
 trainer broadcasts it to the trajectory's loss tokens. MOPD's per-token
@@ -33,6 +33,7 @@ __all__ = [
     "group_advantages",
     "items_from_groups",
     "overlong_penalty",
+    "reinforce",
     "reinforce_pp",
     "rloo",
 ]
@@ -113,6 +114,17 @@ def overlong_penalty(length: int, max_len: int, cache_len: int) -> float:
     return -1.0
 
 
+def reinforce(reward_G: torch.Tensor) -> torch.Tensor:
+    """Plain REINFORCE without a baseline: ``A_i = r_i``.
+
+    With 0/1 verifier rewards only the passing samples carry a gradient, each
+    pushed up as in SFT: rejection-sampling fine-tuning (expert iteration, RAFT)
+    is this estimator. No negative signal, so no noise from failed samples'
+    tokens; no baseline, so a higher variance when rewards are not 0/1.
+    """
+    return reward_G.clone()
+
+
 def dynamic_sampling_keep(reward_G: Sequence[float]) -> bool:
     """DAPO dynamic sampling: keep a group only if its rewards are not all equal."""
     return len(set(reward_G)) > 1
@@ -122,6 +134,7 @@ _GROUP_ESTIMATORS: Mapping[AdvantageEstimator, Callable[[torch.Tensor, float], t
     AdvantageEstimator.GRPO: grpo,
     AdvantageEstimator.DR_GRPO: lambda r, _eps: dr_grpo(r),
     AdvantageEstimator.RLOO: lambda r, _eps: rloo(r),
+    AdvantageEstimator.REINFORCE: lambda r, _eps: reinforce(r),
 }
 
 

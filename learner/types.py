@@ -88,6 +88,7 @@ class AdvantageEstimator(str, enum.Enum):
     DR_GRPO = "dr_grpo"
     RLOO = "rloo"
     REINFORCE_PP = "reinforce_pp"
+    REINFORCE = "reinforce"
 
 
 class LossConfig(BaseModel):

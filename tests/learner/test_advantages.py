@@ -9,9 +9,9 @@ import torch
 
 from learner.advantages import (
     dr_grpo, dynamic_sampling_keep, effort_override, group_advantages, grpo, items_from_groups, overlong_penalty,
-    reinforce_pp, rloo,
+    reinforce, reinforce_pp, rloo,
 )
-from learner.types import AdvantageConfig
+from learner.types import AdvantageConfig, AdvantageEstimator
 from rollout.types import Sample, Status, Trajectory
 
 pytestmark = pytest.mark.unit
@@ -43,6 +43,13 @@ def test_rloo_hand_case() -> None:
     # r_i - mean of the others: 1 - 0, 0 - 0.5, 0 - 0.5
     assert rloo(torch.tensor([1.0, 0.0, 0.0])).tolist() == pytest.approx([1.0, -0.5, -0.5])
     assert rloo(torch.tensor([3.0])).tolist() == [0.0]
+
+
+def test_reinforce_hand_case() -> None:
+    # no baseline: the advantage is the reward, so failed (0) samples carry no gradient
+    assert reinforce(torch.tensor([1.0, 0.0, 0.0])).tolist() == [1.0, 0.0, 0.0]
+    cfg = AdvantageConfig(estimator=AdvantageEstimator.REINFORCE)
+    assert group_advantages([[1.0, 0.0], [0.0, 0.0]], cfg) == [[1.0, 0.0], [0.0, 0.0]]
 
 
 def test_reinforce_pp_global_normalisation() -> None:
