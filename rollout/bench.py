@@ -17,10 +17,20 @@ every tool call of every turn. The time split is per episode, means over the
 stored trajectories: policy, sandbox, verifier from the runner's timings,
 store from the scheduler's writes, other = the rest of the episode's wall time
 (harness, queueing on the worker's event loop).
+
+CPU: each side also reports ``cpu_s_per_episode`` (host-wide busy CPU seconds
+from ``/proc/stat`` over its timed span, divided by its episodes: the Docker
+daemon, fuse-overlayfs, containers and Ray workers included, which no
+per-process timer sees) and ``busy_cores`` (the mean number of cores busy).
+Host-wide means other load on the machine counts too: run it on a quiet one.
+On this 2-core machine the baseline keeps about one core busy (it waits on the
+daemon), so a runner as frugal as the baseline could reach about 2x by
+concurrency alone; beyond that only less CPU per episode helps.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -33,9 +43,37 @@ from rollout.config import RolloutConfig, parse_config
 from rollout.store import TrajectoryStore
 from rollout.types import Status
 
-__all__ = ["TARGET_RATIO", "run_bench", "run_ray_bench", "time_split"]
+__all__ = ["TARGET_RATIO", "CpuMeter", "run_bench", "run_ray_bench", "time_split"]
 
 TARGET_RATIO = 5.0
+
+
+class CpuMeter:
+    """Host-wide busy CPU time between ``start()`` and ``stop()``, from ``/proc/stat`` (Linux; zeros elsewhere)."""
+
+    def __init__(self) -> None:
+        self._busy0 = self._total0 = 0.0
+        self.cpu_s = self.busy_cores = 0.0
+
+    @staticmethod
+    def _read() -> tuple[float, float]:
+        try:
+            with open("/proc/stat") as f:
+                ticks = [int(x) for x in f.readline().split()[1:9]]  # user .. steal (guest is inside user)
+        except (OSError, ValueError):
+            return 0.0, 0.0
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+        return float(sum(ticks) - idle), float(sum(ticks))
+
+    def start(self) -> None:
+        self._busy0, self._total0 = self._read()
+
+    def stop(self) -> None:
+        busy, total = self._read()
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.cpu_s = (busy - self._busy0) / hz
+        cores = os.cpu_count() or 1
+        self.busy_cores = cores * (busy - self._busy0) / (total - self._total0) if total > self._total0 else 0.0
 
 
 def bench_config(
@@ -93,11 +131,14 @@ def run_ray_bench(
         group_size=group_size,
     )
     marks: dict[str, float] = {"t0": time.perf_counter()}
+    cpu = CpuMeter()
 
     def ready(_scheduler: object) -> None:
         marks["ready"] = time.perf_counter()
+        cpu.start()
 
     report = run_rollout(cfg, on_start=ready)
+    cpu.stop()
     wall = max(report.elapsed_s, 1e-9)
     metrics = {
         "label": f"ray {workers} workers x {concurrency}",
@@ -108,6 +149,8 @@ def run_ray_bench(
         "episodes_per_s": report.stored / wall,
         "tool_calls_per_s": report.tool_calls / wall,
         "accounted": report.accounted,
+        "cpu_s_per_episode": cpu.cpu_s / max(report.stored, 1),
+        "busy_cores": cpu.busy_cores,
         "report": report.as_dict(),
     }
     with TrajectoryStore(cfg.store) as store:
@@ -129,7 +172,10 @@ def run_bench(
 
     ids = list(task_ids) if task_ids is not None else bench_baseline.suite_task_ids()
     log(f"baseline: sequential plain docker SDK, {len(ids)} tasks x {group_size}")
+    cpu = CpuMeter()
+    cpu.start()
     base = bench_baseline.run_baseline(ids, episodes_per_task=group_size)
+    cpu.stop()
     baseline = {
         "label": "sequential docker SDK",
         "episodes": base.episodes,
@@ -137,6 +183,8 @@ def run_bench(
         "wall_s": base.wall_s,
         "episodes_per_s": base.episodes_per_s,
         "tool_calls_per_s": base.tool_calls_per_s,
+        "cpu_s_per_episode": cpu.cpu_s / max(base.episodes, 1),
+        "busy_cores": cpu.busy_cores,
         "split_total_s": dict(base.split),
         "failures": list(base.failures),
     }

@@ -105,12 +105,13 @@ def bench(
 
     result = run_bench(workers=workers, concurrency=concurrency, group_size=group_size, log=console.log)
     table = Table(title=f"rollout bench: {result['tasks']} built-in tasks x {group_size}, scripted oracle policy")
-    for col in ("runner", "episodes", "wall s", "episodes/s", "tool calls/s", "ok"):
+    for col in ("runner", "episodes", "wall s", "episodes/s", "tool calls/s", "ok", "CPU s/episode", "busy cores"):
         table.add_column(col, justify="right" if col != "runner" else "left")
     for name in ("baseline", "ray"):
         m = result[name]
         table.add_row(m["label"], str(m["episodes"]), f"{m['wall_s']:.1f}", f"{m['episodes_per_s']:.2f}",
-                      f"{m['tool_calls_per_s']:.2f}", str(m["ok"]))
+                      f"{m['tool_calls_per_s']:.2f}", str(m["ok"]), f"{m['cpu_s_per_episode']:.2f}",
+                      f"{m['busy_cores']:.2f}")
     console.print(table)
     split = Table(title="where the time goes, per episode (ray run; seconds, mean)")
     for col in ("policy", "sandbox", "verifier", "store", "other", "total"):
