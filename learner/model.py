@@ -100,6 +100,26 @@ def token_logprobs(
     return logp_BT, entropy_BT
 
 
+def _selected_logprobs(
+    hidden_BTd: torch.Tensor, weight_Vd: torch.Tensor, input_ids_BT: torch.Tensor, sel_BT: torch.Tensor,
+    temperature: float, with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``token_logprobs`` at the positions ``sel_BT`` only (0 elsewhere): token ``t`` is predicted from ``h[t-1]``."""
+    sel_BT = sel_BT.clone()
+    sel_BT[:, 0] = False
+    b_N, t_N = sel_BT.nonzero(as_tuple=True)
+    z_NV = (hidden_BTd[b_N, t_N - 1] @ weight_Vd.T).float() / temperature
+    lse_N = torch.logsumexp(z_NV, dim=-1)
+    picked_N = z_NV.gather(-1, input_ids_BT[b_N, t_N].unsqueeze(-1)).squeeze(-1)
+    logp_BT = torch.zeros(sel_BT.shape, dtype=torch.float32, device=hidden_BTd.device).index_put((b_N, t_N), picked_N - lse_N)
+    entropy_BT = None
+    if with_entropy:
+        with torch.no_grad():
+            ent_N = lse_N - (torch.softmax(z_NV, dim=-1) * z_NV).sum(-1)
+            entropy_BT = torch.zeros_like(logp_BT).index_put((b_N, t_N), ent_N)
+    return logp_BT, entropy_BT
+
+
 # ---------------------------------------------------------------- chunked LM head + logprobs
 
 
@@ -469,14 +489,23 @@ class PolicyModel(torch.nn.Module):
         with_entropy: bool = False,
         chunk_tokens: int | None = None,
         keep_logits: bool = False,
+        only_BT: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token fp32 logprobs (and entropy) of ``input_ids_BT``; see ``token_logprobs``.
 
         A sample's first token (``position_ids == 0``) gets 0: on a packed row its
         "prediction" would come from the previous sample. ``chunk_tokens``: run
         the LM head that many tokens at a time (``linear_token_logprobs``, which
-        says what ``keep_logits`` does); ``None`` = full logits.
+        says what ``keep_logits`` does); ``None`` = full logits. ``only_BT``
+        (bool): run the LM head only where it is true (the loss mask) and return
+        0 elsewhere -- exact for a loss that reads only those positions, and on
+        agent episodes (a 1-2k-token prompt, tens of sampled tokens) it skips
+        almost all of the LM head's work, the larger part of a small model's.
         """
+        if only_BT is not None:
+            hidden_BTd = self.hidden_states(input_ids_BT, position_ids_BT, attention_mask)
+            return _selected_logprobs(hidden_BTd, self._lm_head_weight(), input_ids_BT,
+                                      only_BT & (position_ids_BT != 0), temperature, with_entropy)
         if chunk_tokens is None:
             logits_BTV = self.logits(input_ids_BT, position_ids_BT, attention_mask)
             logp_BT, ent_BT = token_logprobs(logits_BTV, input_ids_BT, temperature, with_entropy=with_entropy)

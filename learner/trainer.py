@@ -182,10 +182,11 @@ class Trainer:
                 logp_BT, ent_BT = self.model.logprobs(
                     mb.input_ids_BT, mb.position_ids_BT, temperature=self.loss_cfg.temperature, with_entropy=True,
                     chunk_tokens=self.cfg.logprob_chunk_tokens, keep_logits=self.cfg.logprob_keep_logits,
+                    only_BT=mb.loss_mask_BT.bool() if self.cfg.logprobs_at_loss_tokens else None,
                 )
             ref_BT = mb.ref_logp_BT
             if self.loss_cfg.kl_coef > 0 and ref_BT is None:
-                ref_BT = self._ref_logprobs(mb.input_ids_BT, mb.position_ids_BT)
+                ref_BT = self._ref_logprobs(mb.input_ids_BT, mb.position_ids_BT, mb.loss_mask_BT)
             out = policy_loss(
                 logp_BT, mb.rollout_logp_BT, mb.adv_BT, mb.loss_mask_BT, mb.seg_BT, self.loss_cfg,
                 ref_logp_BT=ref_BT, num_tokens=n_tok, num_seqs=n_seq,
@@ -228,13 +229,18 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def _ref_logprobs(self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor) -> torch.Tensor:
+    def _ref_logprobs(
+        self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor, loss_mask_BT: torch.Tensor
+    ) -> torch.Tensor:
         if self.ref_model is None:
             raise ValueError("Trainer: LossConfig.kl_coef > 0 needs ref_logprobs on the items or a ref_model")
         self.ref_model.eval()
         with self._autocast():
-            ref_BT, _ = self.ref_model.logprobs(input_ids_BT, position_ids_BT, temperature=self.loss_cfg.temperature,
-                                                chunk_tokens=self.cfg.logprob_chunk_tokens)
+            ref_BT, _ = self.ref_model.logprobs(
+                input_ids_BT, position_ids_BT, temperature=self.loss_cfg.temperature,
+                chunk_tokens=self.cfg.logprob_chunk_tokens,
+                only_BT=loss_mask_BT.bool() if self.cfg.logprobs_at_loss_tokens else None,
+            )
         return ref_BT
 
     def publish(self) -> str | None:

@@ -172,7 +172,10 @@ class TrainerConfig(BaseModel):
     log-softmax that many tokens at a time instead of materialising full-vocab
     fp32 logits, recomputing them in backward unless ``logprob_keep_logits``
     (then they are kept in bf16: 2 bytes x vocab a token, one LM-head matmul
-    less); ``compile_layers`` applies ``torch.compile`` to each decoder layer
+    less); ``logprobs_at_loss_tokens`` runs the LM head only at the loss
+    mask's positions (exact: the loss reads no others; agent episodes sample a
+    few tens of tokens after a 1-2k-token prompt, and the learner's CPU train
+    loop turns it on); ``compile_layers`` applies ``torch.compile`` to each decoder layer
     (the first steps pay the compile); ``fused_optimizer`` uses AdamW's fused
     kernel. Weights stay fp32 under bf16 autocast: at lr ~1e-6 a bf16 weight
     would round most updates away.
@@ -196,6 +199,7 @@ class TrainerConfig(BaseModel):
     rows_per_micro_batch: int = Field(default=1, ge=1)
     logprob_chunk_tokens: int | None = Field(default=None, ge=1)
     logprob_keep_logits: bool = False
+    logprobs_at_loss_tokens: bool = False
     compile_layers: bool = False
     fused_optimizer: bool = False
 

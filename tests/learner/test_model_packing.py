@@ -141,6 +141,21 @@ def test_packed_logprobs_equal_unpacked(tiny_model: PolicyModel, vocab_size: int
                 at += len(it)
 
 
+def test_logprobs_only_at_selected_positions(tiny_model: PolicyModel, vocab_size: int) -> None:
+    """``only_BT``: the full path's values (and entropy) where selected, 0 elsewhere and at sample starts."""
+    batch = pack(random_items(5, vocab_size, seed=3), max_tokens=96)[0]
+    sel_BT = batch.loss_mask_BT.bool()
+    with torch.no_grad():
+        full, full_ent = tiny_model.logprobs(batch.input_ids_BT, batch.position_ids_BT, temperature=0.7, with_entropy=True)
+        got, got_ent = tiny_model.logprobs(batch.input_ids_BT, batch.position_ids_BT, temperature=0.7,
+                                           with_entropy=True, only_BT=sel_BT)
+    keep_BT = sel_BT & (batch.position_ids_BT != 0)
+    assert keep_BT.any() and (~keep_BT).any()
+    torch.testing.assert_close(got[keep_BT], full[keep_BT], rtol=0, atol=1e-5)
+    torch.testing.assert_close(got_ent[keep_BT], full_ent[keep_BT], rtol=0, atol=1e-5)
+    assert torch.all(got[~keep_BT] == 0) and torch.all(got_ent[~keep_BT] == 0)
+
+
 def test_logprobs_are_fp32_at_the_temperature() -> None:
     logits = torch.randn(1, 4, 11, dtype=torch.bfloat16)
     ids = torch.tensor([[1, 2, 3, 4]])

@@ -92,6 +92,25 @@ def test_gpu_throughput_options_keep_the_step(tiny_config: Qwen2Config, vocab_si
     assert fast.optimizer.param_groups[0]["fused"] and not plain.optimizer.param_groups[0]["fused"]
 
 
+def test_logprobs_at_loss_tokens_keep_the_step(tiny_config: Qwen2Config, vocab_size: int) -> None:
+    """The LM head only at the loss mask's positions: same loss, entropy, KL and gradients as full logits."""
+    items = random_items(10, vocab_size, seed=7)
+    assert any(0 in it.loss_mask for it in items)  # some positions are skipped, or the test shows nothing
+    steps = []
+    for only in (False, True):
+        model = PolicyModel.from_config(tiny_config, seed=0)
+        ref = PolicyModel.from_config(tiny_config, seed=1)
+        trainer = Trainer(model, LossConfig.grpo(kl_coef=0.1), TrainerConfig(
+            lr=1e-3, micro_batch_tokens=64, logprobs_at_loss_tokens=only), ref_model=ref)
+        steps.append((trainer.step(items), trainer))
+    (m_full, full), (m_only, only) = steps
+    assert m_only.loss == pytest.approx(m_full.loss, abs=1e-6)
+    assert m_only.kl == pytest.approx(m_full.kl, rel=1e-5) and m_full.kl > 0
+    assert m_only.entropy == pytest.approx(m_full.entropy, rel=1e-5)
+    for (name, p), q in zip(full.model.named_parameters(), only.model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
 def test_positive_advantage_raises_logprob(tiny_model: PolicyModel, vocab_size: int) -> None:
     items = [it for it in random_items(4, vocab_size, seed=9) if it.advantage > 0]
     trainer = Trainer(tiny_model, LossConfig.dapo(is_correction="none"), TrainerConfig(lr=1e-2, grad_clip=None))
