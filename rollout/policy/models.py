@@ -58,6 +58,8 @@ def tiny_config(
     num_kv_heads: int = 2,
     max_positions: int = 4096,
     init_std: float = 0.1,
+    sliding_window: int | None = None,
+    full_attention_layers: int | None = None,
 ) -> Qwen2Config:
     """A Qwen2-shaped config sized to ``tokenizer``; EOS is the end-of-turn token.
 
@@ -66,7 +68,21 @@ def tiny_config(
     weight sets sample the same tokens under one seed and top-p changes nothing.
     Much larger (>= 0.25) and fp32 noise between the KV-cache path and a full
     forward pass grows past 1e-5 in logprob, the tolerance the tests hold.
+
+    ``sliding_window``: the layers after the first ``full_attention_layers``
+    (default 1) see only the last ``sliding_window`` tokens, the hybrid
+    local/global layout of Mistral, Gemma 2 and Qwen2's own
+    ``max_window_layers``. Why a tiny model wants it: with 1-2k-token harness
+    prompts, a full-attention head that should read one token of the
+    instruction starts out spreading its weight over every token of the
+    prompt, and a 2-layer model does not learn to find the token in a few
+    hundred steps; a local layer makes that a choice among ``sliding_window``.
     """
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    full = num_layers if sliding_window is None else (1 if full_attention_layers is None else full_attention_layers)
+    if not 0 <= full <= num_layers:
+        raise ValueError(f"full_attention_layers must be in 0..{num_layers}, got {full_attention_layers}")
     eot = token_id(tokenizer, EOT)
     pad = tokenizer.pad_token_id
     return Qwen2Config(
@@ -82,6 +98,9 @@ def tiny_config(
         pad_token_id=pad if pad is not None else eot,
         bos_token_id=None,
         initializer_range=init_std,
+        use_sliding_window=sliding_window is not None,
+        sliding_window=sliding_window,
+        max_window_layers=full,
     )
 
 

@@ -38,6 +38,23 @@ def test_logprobs_equal_full_forward_recomputation(policy: HFPolicy, recompute: 
     assert g.loss_mask == (1,) * 40 and g.policy_version == 0
 
 
+def test_sliding_window_model_samples_what_a_full_forward_computes(tiny: Any, recompute: Any) -> None:
+    """Local layers (``tiny_config(sliding_window=...)``): the KV-cache sampler and the learner's one
+    forward pass see the same window, so the logprobs agree past the window's length too."""
+    model, tok = tiny_model(seed=0, tokenizer=tiny[1], sliding_window=8)
+    assert model.config.layer_types == ["full_attention", "sliding_attention"]
+    policy = HFPolicy(model, tok, name="tiny-local")
+    ids = _prompt(policy, "List the files of the current directory, one per line, then stop.")
+    assert len(ids) > 8
+    g = policy.generate_sync(Prompt(token_ids=ids), SamplingParams(temperature=1.0, max_new_tokens=24, seed=3))
+    expected = recompute(policy.model, ids, g.token_ids, 1.0)
+    assert max(abs(a - b) for a, b in zip(g.logprobs, expected, strict=True)) < 1e-5
+    full, _ = tiny_model(seed=0, tokenizer=tok)  # same weights, full attention: different numbers
+    assert max(abs(a - b) for a, b in zip(recompute(full, ids, g.token_ids, 1.0), expected, strict=True)) > 1e-3
+    with pytest.raises(ValueError, match="full_attention_layers"):
+        tiny_model(seed=0, tokenizer=tok, sliding_window=8, full_attention_layers=3)
+
+
 def test_top_p_samples_only_from_the_nucleus() -> None:
     logits = torch.tensor([3.0, 2.9, -5.0, -5.0])
     gen = torch.Generator().manual_seed(0)
