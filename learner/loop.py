@@ -5,7 +5,7 @@ Phases, in order::
     warm start   ScriptedPolicy episodes (oracle, rotated harnesses, real sandboxes) -> SFT steps
     eval #0      held-out seeds, greedy                        -> pass_rate_after_warm_start
     RL x N       HFPolicy on the current weights samples G episodes per variant (rotated harness,
-                 drawn effort, real sandboxes, verifier reward) -> GRPO advantages -> Trainer.step
+                 drawn effort, real sandboxes, verifier reward) -> advantages -> Trainer.step
                  (the one policy loss) -> weights published to the rollout policy with a version
     eval #k      every ``eval.every`` iterations, and after the last -> pass_rate_after_rl
 
@@ -45,6 +45,7 @@ from learner.train_config import TrainConfig
 from learner.trainer import Trainer
 from learner.types import TrainerConfig
 from rollout.episode import EpisodeRequest, EpisodeRunner
+from rollout.harnesses.parsing import CALL_CLOSE
 from rollout.policy.hf import HFPolicy
 from rollout.policy.models import tiny_config
 from rollout.policy.scripted import ScriptedPolicy
@@ -87,6 +88,8 @@ class EvalResult:
     by_harness: dict[str, float]
     by_effort: dict[str, float]
     n: int
+    #: the same episodes at temperature 0, when ``eval.greedy_too`` and the eval samples (else None)
+    greedy_pass_rate: float | None = None
 
 
 @dataclass
@@ -107,7 +110,9 @@ def split_pass_rates(trajectories: Sequence[Trajectory], tag: str) -> dict[str, 
     return {k: sum(v) / len(v) for k, v in sorted(buckets.items())}
 
 
-def eval_requests(cfg: TrainConfig, task_ids: Sequence[str], run_id: str, index: int) -> list[EpisodeRequest]:
+def eval_requests(
+    cfg: TrainConfig, task_ids: Sequence[str], run_id: str, index: int, tag: str = "eval"
+) -> list[EpisodeRequest]:
     """The held-out episodes of evaluation ``index``: same tasks, seeds, harnesses and efforts every time.
 
     Harness and effort come from the rotation / effort draws at the episode's
@@ -117,7 +122,7 @@ def eval_requests(cfg: TrainConfig, task_ids: Sequence[str], run_id: str, index:
     pairs = [(t, s) for t in task_ids for s in cfg.eval.seeds]
     for i, (task_id, seed) in enumerate(pairs):
         out.append(EpisodeRequest(
-            episode_id=f"{run_id}/eval{index}/{task_id}/{seed}", run_id=run_id, task_id=task_id, seed=seed,
+            episode_id=f"{run_id}/{tag}{index}/{task_id}/{seed}", run_id=run_id, task_id=task_id, seed=seed,
             harness=cfg.rotation.pick(i), effort=cfg.efforts.pick(i), group_id=f"eval/{task_id}/{seed}",
         ))
     return out
@@ -146,7 +151,8 @@ class TrainLoop:
         else:
             self.tokenizer = build_tokenizer()
             config = tiny_config(self.tokenizer, hidden_size=m.hidden_size, num_layers=m.num_layers,
-                                 num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, init_std=m.init_std)
+                                 num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, init_std=m.init_std,
+                                 sliding_window=m.sliding_window, full_attention_layers=m.full_attention_layers)
             self.model = PolicyModel.from_config(config, seed=m.seed)
         # The rollout side's own copy: it changes only through set_weights(state, version).
         self.policy = HFPolicy(copy.deepcopy(self.model.lm), self.tokenizer, name="train-policy", version=0)
@@ -158,6 +164,9 @@ class TrainLoop:
         self.runner = EpisodeRunner(ScriptedPolicy(), backend=self.backend, tokenizer=self.tokenizer,
                                     pool_size=cfg.pool_size, store=self.store)
         self.version = 0
+        # Stopping at the end-of-call marker: a sampled turn is one call, never a call plus whatever the model
+        # rambles after it (which a success would otherwise reinforce, since the call still runs).
+        self._stop: tuple[str, ...] = (CALL_CLOSE,) if cfg.stop_at_call_end else ()
 
     # ------------------------------------------------------------ plumbing
 
@@ -228,20 +237,31 @@ class TrainLoop:
     async def evaluate(self, index: int, iteration: int) -> EvalResult:
         t0 = time.monotonic()
         self.runner.policy = self.policy
-        self.runner.sampling = SamplingParams(temperature=self.cfg.eval.temperature, max_new_tokens=self.cfg.max_new_tokens)
+        self.runner.sampling = SamplingParams(temperature=self.cfg.eval.temperature, max_new_tokens=self.cfg.max_new_tokens,
+                                              stop=self._stop)
         requests = eval_requests(self.cfg, self.task_ids, self.run_id, index)
         self.reporter.phase(f"eval #{index} (held-out, v{self.version})", len(requests))
         trajs = await self._run_all(requests, "eval")
         ok = [passed(t) and t.trainable for t in trajs]
+        greedy = None
+        if self.cfg.eval.greedy_too and self.cfg.eval.temperature > 0:
+            self.runner.sampling = SamplingParams(temperature=0.0, max_new_tokens=self.cfg.max_new_tokens, stop=self._stop)
+            greedy_requests = eval_requests(self.cfg, self.task_ids, self.run_id, index, tag="eval_greedy")
+            self.reporter.phase(f"eval #{index} greedy (held-out, v{self.version})", len(greedy_requests))
+            g = [passed(t) and t.trainable for t in await self._run_all(greedy_requests, "eval greedy")]
+            greedy = sum(g) / len(g)
         result = EvalResult(iteration, self.version, sum(ok) / len(ok), split_pass_rates(trajs, "harness"),
-                            split_pass_rates(trajs, "effort"), len(trajs))
+                            split_pass_rates(trajs, "effort"), len(trajs), greedy)
         self.history.evals.append(result)
         metrics = {"eval/pass_rate": result.pass_rate}
+        if greedy is not None:
+            metrics["eval/pass_rate_greedy"] = greedy
         metrics |= {f"eval/pass_rate/harness={k}": v for k, v in result.by_harness.items()}
         metrics |= {f"eval/pass_rate/effort={k}": v for k, v in result.by_effort.items()}
         self.store.log_metrics(self.run_id, metrics, step=iteration, tags={"phase": "eval"})
         self.reporter.log(f"eval #{index} after {iteration} RL iterations: pass rate {result.pass_rate:.2f} "
-                          f"by harness {_fmt(result.by_harness)} by effort {_fmt(result.by_effort)}")
+                          + (f"(greedy {greedy:.2f}) " if greedy is not None else "")
+                          + f"by harness {_fmt(result.by_harness)} by effort {_fmt(result.by_effort)}")
         self.history.timings[f"eval{index}_s"] = time.monotonic() - t0
         return result
 
@@ -254,8 +274,9 @@ class TrainLoop:
         if loss_cfg.kl_coef > 0:
             ref = PolicyModel(copy.deepcopy(self.model.lm))
             ref.lm.requires_grad_(False)
-        trainer = Trainer(self.model, loss_cfg, TrainerConfig(lr=cfg.lr, micro_batch_tokens=MAX_TRAIN_TOKENS),
-                          publisher=self._publish, ref_model=ref)
+        # The LM head only at sampled tokens: exact, and most of the step on 1-2k-token prompts.
+        tcfg = TrainerConfig(lr=cfg.lr, micro_batch_tokens=MAX_TRAIN_TOKENS, logprobs_at_loss_tokens=True)
+        trainer = Trainer(self.model, loss_cfg, tcfg, publisher=self._publish, ref_model=ref)
         trainer.state.step = self.version
         sft_opt = getattr(self, "_sft_optimizer", None)
         if cfg.continue_sft_optimizer and sft_opt is not None:
@@ -268,7 +289,7 @@ class TrainLoop:
             t0 = time.monotonic()
             self.runner.policy = self.policy
             self.runner.sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
-                                                  max_new_tokens=self.cfg.max_new_tokens)
+                                                  max_new_tokens=self.cfg.max_new_tokens, stop=self._stop)
             requests = self._train_requests(f"rl{it}", self._draw_seeds(cfg.groups_per_iter), cfg.group_size)
             self.reporter.phase(f"RL {it}/{cfg.iterations}: rollouts (v{self.version})", len(requests))
             trajs = await self._run_all(requests, "rl")
@@ -323,6 +344,8 @@ class TrainLoop:
             "eval_seeds": list(self.cfg.eval.seeds), "eval_temperature": self.cfg.eval.temperature,
             "pass_rate_after_warm_start": first.pass_rate, "pass_rate_after_rl": last.pass_rate,
             "improvement_points": round(100 * (last.pass_rate - first.pass_rate), 1),
+            "pass_rate_greedy_after_warm_start": first.greedy_pass_rate,
+            "pass_rate_greedy_after_rl": last.greedy_pass_rate,
             "after_warm_start": {"by_harness": first.by_harness, "by_effort": first.by_effort, "n": first.n},
             "after_rl": {"by_harness": last.by_harness, "by_effort": last.by_effort, "n": last.n},
             "evals": [vars(e) for e in self.history.evals],

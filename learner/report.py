@@ -35,6 +35,9 @@ def plot_curve(history: RunHistory, path: Path) -> Path:
     if history.evals:
         ax1.plot([e.iteration for e in history.evals], [e.pass_rate for e in history.evals], "s-",
                  color="tab:red", linewidth=2, label="held-out eval")
+        greedy = [(e.iteration, e.greedy_pass_rate) for e in history.evals if e.greedy_pass_rate is not None]
+        if greedy:
+            ax1.plot(*zip(*greedy), "d--", color="tab:purple", label="held-out eval, greedy")
     ax1.set(title="verifier pass rate", xlabel="RL iteration", ylabel="pass rate", ylim=(-0.02, 1.02))
     ax1.legend(loc="best")
     fig.tight_layout()
@@ -64,6 +67,9 @@ def write_report(summary: dict[str, Any], history: RunHistory, path: Path, png: 
         f"- pass rate after warm start: **{summary['pass_rate_after_warm_start']:.2f}**",
         f"- pass rate after RL: **{summary['pass_rate_after_rl']:.2f}** "
         f"({summary['improvement_points']:+.1f} points, policy version {summary['final_version']})",
+        *([f"- greedy (temperature 0, same episodes): {summary['pass_rate_greedy_after_warm_start']:.2f} after warm "
+           f"start, {summary['pass_rate_greedy_after_rl']:.2f} after RL"]
+          if summary.get("pass_rate_greedy_after_rl") is not None else []),
         f"- wall time: {summary['timings_s'].get('total_s', 0):.0f} s ({json.dumps(summary['timings_s'])})",
         "",
         f"![learning curve]({png.name})",
@@ -75,9 +81,10 @@ def write_report(summary: dict[str, Any], history: RunHistory, path: Path, png: 
         *_table(a["by_effort"], b["by_effort"]),
         "",
         "## Evaluations",
-        "| RL iteration | version | pass rate |",
-        "| --- | --- | --- |",
-        *[f"| {e.iteration} | {e.version} | {e.pass_rate:.2f} |" for e in history.evals],
+        "| RL iteration | version | pass rate | greedy |",
+        "| --- | --- | --- | --- |",
+        *[f"| {e.iteration} | {e.version} | {e.pass_rate:.2f} | "
+          f"{'-' if e.greedy_pass_rate is None else f'{e.greedy_pass_rate:.2f}'} |" for e in history.evals],
         "",
         f"Rollouts: {summary['rollout']}. Metrics are in the store ({summary['store']}) under run "
         f"`{summary['run_id']}` (`sft/*`, `rl/*`, `eval/*`).",

@@ -40,6 +40,8 @@ class ModelConfig(_Model):
     num_heads: int = Field(default=4, ge=1)
     num_kv_heads: int = Field(default=2, ge=1)
     init_std: float = Field(default=0.02, gt=0.0)
+    sliding_window: int | None = Field(default=None, ge=1, description="local attention span of the layers after the first full_attention_layers")
+    full_attention_layers: int | None = Field(default=None, ge=0, description="leading full-attention layers (default 1) when sliding_window is set")
     seed: int = 0
 
 
@@ -71,11 +73,17 @@ class RLConfig(_Model):
 
 
 class EvalConfig(_Model):
-    """Held-out evaluation: the same seeds and tasks every time, greedy (temperature 0) by default."""
+    """Held-out evaluation: the same seeds and tasks every time, greedy (temperature 0) by default.
+
+    With ``temperature > 0`` the pass rate is pass@1 at that temperature (one
+    sampled episode per held-out variant), the policy as RL deploys it;
+    ``greedy_too`` adds the same episodes at temperature 0 as a second number.
+    """
 
     seeds: tuple[int, ...] = tuple(range(10_000, 10_024))
     every: int = Field(default=0, ge=0, description="also evaluate every N RL iterations; 0: only before/after")
     temperature: float = Field(default=0.0, ge=0.0)
+    greedy_too: bool = Field(default=False, description="when temperature > 0, also run the same episodes greedily")
 
     @field_validator("seeds", mode="before")
     @classmethod
@@ -100,6 +108,9 @@ class TrainConfig(_Model):
     rl: RLConfig = RLConfig()
     eval: EvalConfig = EvalConfig()
     max_new_tokens: int = Field(default=128, ge=1, description="per-turn sampling cap")
+    stop_at_call_end: bool = Field(
+        default=True, description="end a sampled turn at the first </tool_call> (one call per turn), as agent RL loops do"
+    )
     concurrency: int = Field(default=4, ge=1, description="episodes in flight in the rollout runner")
     pool_size: int = Field(default=2, ge=1)
     backend: str = Field(default="docker", pattern=r"^(docker|local)$")

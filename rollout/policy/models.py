@@ -72,11 +72,15 @@ def tiny_config(
     ``sliding_window``: the layers after the first ``full_attention_layers``
     (default 1) see only the last ``sliding_window`` tokens, the hybrid
     local/global layout of Mistral, Gemma 2 and Qwen2's own
-    ``max_window_layers``. Why a tiny model wants it: with 1-2k-token harness
-    prompts, a full-attention head that should read one token of the
-    instruction starts out spreading its weight over every token of the
-    prompt, and a 2-layer model does not learn to find the token in a few
-    hundred steps; a local layer makes that a choice among ``sliding_window``.
+    ``max_window_layers``; ``full_attention_layers=0`` makes every layer local.
+    Why a tiny model may want it: with 1-2k-token harness prompts, a
+    full-attention head that should read one token of the instruction starts
+    out spreading its weight over the whole prompt. Measured on
+    general/write_word's demonstrations (hidden 128, 2 layers, SFT at lr 3e-3,
+    176 examples): with full attention, or one full and one local layer, the
+    word was still at chance after 1000 steps; with both layers local
+    (window 48 or 64) it was read right on every held-out prompt after
+    300-500 steps (docs/training.md).
     """
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")

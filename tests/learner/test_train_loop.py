@@ -27,7 +27,7 @@ TINY = {
     "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1},
     "sft": {"episodes": 3, "steps": 2, "batch_size": 2},
     "rl": {"iterations": 2, "groups_per_iter": 1, "group_size": 2, "updates_per_iter": 1, "loss": {"kl_coef": 0.05}},
-    "eval": {"seeds": {"start": 9000, "count": 3}, "every": 1},
+    "eval": {"seeds": {"start": 9000, "count": 3}, "every": 1, "temperature": 1.0, "greedy_too": True},
     "train_seeds": 9000,
     "max_new_tokens": 16,
     "concurrency": 3,
@@ -50,16 +50,20 @@ def test_train_end_to_end(tmp_path: Path, base_image: str) -> None:
         assert summary[when]["by_effort"] and summary[when]["n"] == 3
     assert [e["iteration"] for e in summary["evals"]] == [0, 1, 2]  # every=1: before, between, after
     assert Path(summary["learning_curve_png"]).read_bytes()[:4] == b"\x89PNG"
-    assert "pass rate after RL" in Path(summary["report_md"]).read_text()
+    report = Path(summary["report_md"]).read_text()
+    assert "pass rate after RL" in report and "greedy (temperature 0, same episodes)" in report
+    for key in ("pass_rate_greedy_after_warm_start", "pass_rate_greedy_after_rl"):
+        assert 0.0 <= summary[key] <= 1.0
 
     run_id = summary["run_id"]
     with TrajectoryStore(f"sqlite:///{db}") as store:
         names = {m.name for m in store.metrics(run_id)}
-        assert {"sft/loss", "eval/pass_rate", "rl/pass_rate"} <= names
+        assert {"sft/loss", "eval/pass_rate", "eval/pass_rate_greedy", "rl/pass_rate"} <= names
         assert any(n.startswith("eval/pass_rate/harness=") for n in names)
         stored = store.query(run_id=run_id)
-    # 3 oracle + 2 x 2 RL + 3 x 3 eval episodes, each stored once
-    assert len(stored) == 3 + 4 + 9
+    # 3 oracle + 2 x 2 RL + 3 x 3 eval episodes, sampled and greedy, each stored once
+    assert len(stored) == 3 + 4 + 2 * 9
+    assert sum("/eval_greedy" in t.episode_id for t in stored) == 9
     assert len({t.episode_id for t in stored}) == len(stored)
     rl = [t for t in stored if "/rl" in t.episode_id]
     assert all(t.samples and t.samples[0].logprobs for t in rl)
