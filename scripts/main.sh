@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/agentenv quickstart "$@"
+mkdir -p runs
+# Warm start, RL in Docker sandboxes, held-out evaluations; curve, report and summary under runs/.
+exec .venv/bin/agentenv train examples/quickstart.yaml --json runs/quickstart.json "$@"

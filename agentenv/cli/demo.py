@@ -1,9 +1,10 @@
-"""``agentenv quickstart``: the README's main job.
+"""``agentenv tour``: the sandbox tour.
 
-Until the training loop lands this is the sandbox tour: build the base image
-if it is missing, start a sandbox, run commands, snapshot, fork, restore, and
-show what each step cost. The command name stays, so the README's main
-command keeps working as it grows into the training run.
+Build the base image if it is missing, start a sandbox, run commands and a test
+suite, snapshot, fork three branches, restore, commit a durable snapshot, and
+show what each step cost. It was the README's main job until the training run
+(``agentenv train examples/quickstart.yaml``, what ``scripts/main.sh`` runs)
+learned; it stays as the quickest look at what a sandbox can do.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ console = Console()
 
 
 def register(app: typer.Typer) -> None:
-    app.command("quickstart")(quickstart)
+    app.command("tour")(tour)
 
 
-def quickstart() -> None:
-    """Run the main job end to end on the embedded default (local Docker daemon, CPU)."""
+def tour() -> None:
+    """The sandbox tour: snapshot, fork, restore and what each step cost (local Docker daemon)."""
     import docker
 
     from sandboxes.docker_backend import DockerBackend
@@ -81,7 +82,7 @@ def quickstart() -> None:
     finally:
         pool.close()
         backend.close()
-    table = Table(title="AgentENV quickstart: sandbox tour")
+    table = Table(title="AgentENV sandbox tour")
     table.add_column("step")
     table.add_column("ms", justify="right")
     table.add_column("result")
