@@ -108,15 +108,10 @@ def _selected_logprobs(
     sel_BT = sel_BT.clone()
     sel_BT[:, 0] = False
     b_N, t_N = sel_BT.nonzero(as_tuple=True)
-    z_NV = (hidden_BTd[b_N, t_N - 1] @ weight_Vd.T).float() / temperature
-    lse_N = torch.logsumexp(z_NV, dim=-1)
-    picked_N = z_NV.gather(-1, input_ids_BT[b_N, t_N].unsqueeze(-1)).squeeze(-1)
-    logp_BT = torch.zeros(sel_BT.shape, dtype=torch.float32, device=hidden_BTd.device).index_put((b_N, t_N), picked_N - lse_N)
-    entropy_BT = None
-    if with_entropy:
-        with torch.no_grad():
-            ent_N = lse_N - (torch.softmax(z_NV, dim=-1) * z_NV).sum(-1)
-            entropy_BT = torch.zeros_like(logp_BT).index_put((b_N, t_N), ent_N)
+    logits_NV = hidden_BTd[b_N, t_N - 1] @ weight_Vd.T
+    logp_N, _, ent_N = _chunk_stats(logits_NV, input_ids_BT[b_N, t_N], temperature, with_entropy)
+    logp_BT = torch.zeros(sel_BT.shape, dtype=torch.float32, device=hidden_BTd.device).index_put((b_N, t_N), logp_N)
+    entropy_BT = torch.zeros_like(logp_BT).index_put((b_N, t_N), ent_N.detach()) if with_entropy else None
     return logp_BT, entropy_BT
 
 

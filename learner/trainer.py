@@ -178,15 +178,16 @@ class Trainer:
         w_min, w_max = math.inf, -math.inf
         for mb in micro:
             mb = mb.to(self.device)
+            only_BT = mb.loss_mask_BT.bool() if self.cfg.logprobs_at_loss_tokens else None
             with self._autocast():
                 logp_BT, ent_BT = self.model.logprobs(
                     mb.input_ids_BT, mb.position_ids_BT, temperature=self.loss_cfg.temperature, with_entropy=True,
                     chunk_tokens=self.cfg.logprob_chunk_tokens, keep_logits=self.cfg.logprob_keep_logits,
-                    only_BT=mb.loss_mask_BT.bool() if self.cfg.logprobs_at_loss_tokens else None,
+                    only_BT=only_BT,
                 )
             ref_BT = mb.ref_logp_BT
             if self.loss_cfg.kl_coef > 0 and ref_BT is None:
-                ref_BT = self._ref_logprobs(mb.input_ids_BT, mb.position_ids_BT, mb.loss_mask_BT)
+                ref_BT = self._ref_logprobs(mb.input_ids_BT, mb.position_ids_BT, only_BT)
             out = policy_loss(
                 logp_BT, mb.rollout_logp_BT, mb.adv_BT, mb.loss_mask_BT, mb.seg_BT, self.loss_cfg,
                 ref_logp_BT=ref_BT, num_tokens=n_tok, num_seqs=n_seq,
@@ -230,7 +231,7 @@ class Trainer:
 
     @torch.no_grad()
     def _ref_logprobs(
-        self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor, loss_mask_BT: torch.Tensor
+        self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor, only_BT: torch.Tensor | None
     ) -> torch.Tensor:
         if self.ref_model is None:
             raise ValueError("Trainer: LossConfig.kl_coef > 0 needs ref_logprobs on the items or a ref_model")
@@ -238,8 +239,7 @@ class Trainer:
         with self._autocast():
             ref_BT, _ = self.ref_model.logprobs(
                 input_ids_BT, position_ids_BT, temperature=self.loss_cfg.temperature,
-                chunk_tokens=self.cfg.logprob_chunk_tokens,
-                only_BT=loss_mask_BT.bool() if self.cfg.logprobs_at_loss_tokens else None,
+                chunk_tokens=self.cfg.logprob_chunk_tokens, only_BT=only_BT,
             )
         return ref_BT
 
