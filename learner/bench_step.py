@@ -24,11 +24,11 @@ import torch
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
-from transformers import Qwen2Config
-
 from learner.model import PolicyModel
 from learner.trainer import Trainer
 from learner.types import LossConfig, TrainerConfig, TrainItem
+from rollout.policy.models import tiny_config
+from rollout.tokenizer import build_tokenizer
 
 __all__ = ["agent_items", "run_bench"]
 
@@ -48,12 +48,12 @@ def agent_items(n: int, vocab: int, *, prompt: int, response: int, seed: int = 0
 
 def run_bench(
     *, samples: int = 32, prompt: int = 1500, response: int = 40, hidden: int = 128, layers: int = 2,
-    vocab: int = 4100, repeats: int = 3, threads: int = 2,
+    repeats: int = 3, threads: int = 2,
 ) -> dict[str, Any]:
     torch.set_num_threads(threads)
-    config = Qwen2Config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab,
-                         max_position_embeddings=4096, tie_word_embeddings=True)
+    # The train loop's model: tiny_config over the project tokenizer (vocabulary included).
+    config = tiny_config(build_tokenizer(), hidden_size=hidden, num_layers=layers, init_std=0.02)
+    vocab = config.vocab_size
     items = agent_items(samples, vocab, prompt=prompt, response=response)
     sides = {"full logits": False, "loss tokens only": True}
     trainers = {name: Trainer(PolicyModel.from_config(config, seed=0), LossConfig.dapo(),
