@@ -365,6 +365,10 @@ def _extract_one(tar, m, path, dir_times):
     if not os.path.isdir(parent):
         os.makedirs(parent)
     _remove(path)
+    if os.path.lexists(path):
+        # fuse-overlayfs: unlinking a file that was renamed over a lower-layer file uncovers
+        # the lower one instead of whiting it out (PostgreSQL replaces its files that way)
+        _remove(path)
     if m.issym():
         os.symlink(m.linkname, path)
         return
@@ -395,6 +399,27 @@ def _extract_one(tar, m, path, dir_times):
     os.utime(path, (m.mtime, m.mtime))
 
 
+_HELPERS = {}  # sha256 of a helper's source -> its namespace, compiled once per agent
+
+
+def op_helper(req, payload):
+    """Run a stdlib helper module (its source is the payload) in this process: ``run(request, skip)``.
+
+    Saves an interpreter start per call; the host sends only code it ships
+    (``sandboxes/reset_helper.py``). Compiled once per source, by its sha256.
+    """
+    import hashlib
+
+    digest = hashlib.sha256(payload).hexdigest()
+    ns = _HELPERS.get(digest)
+    if ns is None:
+        ns = {"__name__": "agentenv_helper"}
+        exec(compile(payload.decode(), "<helper %s>" % digest[:12], "exec"), ns)  # noqa: S102 - host-shipped code
+        _HELPERS[digest] = ns
+    out = ns["run"](req["request"], {os.getpid()})
+    return {"ok": True}, json.dumps(out).encode()
+
+
 def op_ping(req, payload):
     return {"ok": True, "pid": os.getpid(), "uid": os.getuid(), "python": sys.version.split()[0]}, b""
 
@@ -407,6 +432,7 @@ OPS = {
     "list_files": op_list_files,
     "pack": op_pack,
     "unpack": op_unpack,
+    "helper": op_helper,
 }
 
 ERRNO_CODES = {

@@ -235,6 +235,12 @@ class DockerSandbox:
         """Back to the base image's pristine state in place; see ``DockerBackend.reset``."""
         return self._backend.reset(self, timeout=timeout)
 
+    def quiesce(self, timeout: float | None = None) -> str | None:
+        """Kill the episode's processes and empty scratch mounts, keeping the files; see ``quiesce_sandbox``."""
+        from sandboxes.docker_reset import DEFAULT_RESET_TIMEOUT_S, quiesce_sandbox
+
+        return quiesce_sandbox(self, DEFAULT_RESET_TIMEOUT_S if timeout is None else timeout)
+
     def close(self) -> None:
         if self._closed:
             return

@@ -87,6 +87,19 @@ def test_reset_after_an_episode_is_indistinguishable_from_fresh(backend: DockerB
     assert _state(used)[0] == want_files
 
 
+def test_reset_removes_the_sandbox_users_sysv_ipc_objects(backend: DockerBackend, base_image: str) -> None:
+    # What a killed PostgreSQL leaves behind: a SysV shared memory segment of the sandbox user.
+    sb = backend.create(SandboxSpec(image=base_image))
+    try:
+        made = sb.exec(["python3", "-c", "import ctypes; print(ctypes.CDLL(None).shmget(0x5eed, 4096, 0o1600))"])
+        assert made.ok and int(made.stdout) >= 0, made
+        assert len(sb.exec("cat /proc/sysvipc/shm").stdout.splitlines()) == 2
+        assert sb.reset(), sb.last_reset_refusal
+        assert len(sb.exec("cat /proc/sysvipc/shm").stdout.splitlines()) == 1
+    finally:
+        sb.close()
+
+
 def test_snapshot_after_reset_is_a_full_diff_of_the_base(backend: DockerBackend, base_image: str) -> None:
     sb = backend.create(SandboxSpec(image=base_image))
     sb.write_file("/workspace/a.txt", "a")
@@ -135,6 +148,19 @@ def test_reset_honours_lower_layer_whiteouts(backend: DockerBackend, layered_ima
     assert used.exec("ls -A /home/agent /opt/tree/sub").stdout == fresh.exec("ls -A /home/agent /opt/tree/sub").stdout
     assert used.read_file("/opt/tree/sub/t") == b"t\n"
     assert _state(used)[0] == _state(fresh)[0]
+
+
+def test_reset_restores_a_lower_file_that_was_renamed_over(backend: DockerBackend, layered_image: str) -> None:
+    # How PostgreSQL rewrites its files (write a temp file, rename it over the old one); on
+    # fuse-overlayfs the first unlink of such a file uncovers the lower one instead of removing it.
+    spec = SandboxSpec(image=layered_image)
+    sb = backend.create(spec)
+    try:
+        assert sb.exec("echo new > /opt/tree/sub/t.tmp && mv /opt/tree/sub/t.tmp /opt/tree/sub/t").ok
+        assert sb.reset(), sb.last_reset_refusal
+        assert sb.read_file("/opt/tree/sub/t") == b"t\n"
+    finally:
+        sb.close()
 
 
 def test_reset_refuses_what_the_user_cannot_restore(backend: DockerBackend, layered_image: str) -> None:
