@@ -5,6 +5,13 @@
 1. snapshot the agent's sandbox (``FAST``: files only; the agent's processes,
    a background job rewriting files, do not come along);
 2. restore that snapshot into a new grading sandbox;
+   (or, with ``in_place=True`` where the sandbox can ``quiesce``: kill every
+   process of the sandbox user but the in-container agent, empty the scratch
+   mounts, refuse if a SysV IPC object exists, and grade in the agent's own
+   sandbox: the same files a fork would get, no process, nothing in ``/tmp``;
+   it saves a snapshot, a restore and a second reset per episode, which is
+   what the rollout hot path uses. A refusal falls back to the fork; the
+   result's ``extra["graded_in"]`` says which one ran;)
 3. remove every path only grading may own (``task.hidden_paths()``), so a
    file the agent planted there (a fake test, a fake report) is gone;
 4. copy the hidden tests and verifier files in only now (``task.hidden_files``);
@@ -34,6 +41,7 @@ from agentenv.errors import OracleError
 from agentenv.types import Episode, Task, Variant, VerifierResult
 from sandboxes.types import Sandbox, SandboxBackend, SnapshotKind, SnapshotRef
 
+PristineFactory = Callable[[], "tuple[Sandbox, Callable[[], None]] | None"]
 _CACHE_SIZE = 512
 _cache: OrderedDict[tuple[str, int, str, str], tuple[bool, Any]] = OrderedDict()
 _cache_lock = threading.Lock()
@@ -51,8 +59,14 @@ class BackendOracleReplay:
     oracle failures, so a broken task fails fast on every later episode.
     """
 
-    def __init__(self, backend: SandboxBackend, task: Task, variant: Variant) -> None:
+    def __init__(
+        self, backend: SandboxBackend, task: Task, variant: Variant, *, pristine: PristineFactory | None = None
+    ) -> None:
+        """``pristine``, when given, makes a sandbox already at the variant's set-up state and its disposer
+        (the rollout's warm pools: no container start, no setup); else ``backend.create`` and setup."""
         self.backend, self.task, self.variant = backend, task, variant
+        self._pristine = pristine
+        self._dispose: Callable[[], None] | None = None
         self._sandbox: Sandbox | None = None
         self._answer: str | None = None
         self._image = task.sandbox_spec().image
@@ -80,23 +94,35 @@ class BackendOracleReplay:
 
     def _ensure(self) -> Sandbox:
         if self._sandbox is None:
-            sandbox = self.backend.create(self.task.sandbox_spec())
+            made = self._pristine() if self._pristine is not None else None
+            if made is not None:
+                sandbox, self._dispose = made
+            else:
+                sandbox = self.backend.create(self.task.sandbox_spec())
             try:
-                self.task.setup(sandbox, self.variant)
+                if made is None:
+                    self.task.setup(sandbox, self.variant)
                 self._answer = self.task.oracle(sandbox, self.variant)
             except OracleError:
-                sandbox.close()
+                self._close(sandbox)
                 raise
             except Exception as exc:  # setup of a fresh copy failing is the task's fault too
-                sandbox.close()
+                self._close(sandbox)
                 raise OracleError(f"{self.task.id} seed {self.variant.seed}: replay failed: {type(exc).__name__}: {exc}") from exc
             self._sandbox = sandbox
         return self._sandbox
 
     def close(self) -> None:
         if self._sandbox is not None:
-            self._sandbox.close()
+            self._close(self._sandbox)
             self._sandbox = None
+
+    def _close(self, sandbox: Sandbox) -> None:
+        dispose, self._dispose = self._dispose, None
+        if dispose is not None:
+            dispose()
+        else:
+            sandbox.close()
 
 
 def _invalid(reason: str, started: float, **extra: Any) -> VerifierResult:
@@ -108,8 +134,10 @@ def prepare_grading_sandbox(sandbox: Sandbox, task: Task, variant: Variant) -> s
     hidden = [p for p in task.hidden_paths() if p.startswith("/") and p.rstrip("/")]
     if hidden:
         quoted = " ".join(shlex.quote(p) for p in hidden)
-        sandbox.exec(["bash", "-c", f"rm -rf -- {quoted}"], timeout=60)
-        still = sandbox.exec(["bash", "-c", f"for p in {quoted}; do [ -e \"$p\" ] && echo \"$p\"; done; true"], timeout=30)
+        still = sandbox.exec(  # one shell: remove, then list what survived
+            ["bash", "-c", f"rm -rf -- {quoted} 2>/dev/null; for p in {quoted}; do [ -e \"$p\" ] && echo \"$p\"; done; true"],
+            timeout=60,
+        )
         if still.stdout.strip():
             return f"could not clear hidden paths the agent may have written: {still.stdout.split()}"
     hidden_files = getattr(task, "hidden_files", None)
@@ -127,42 +155,62 @@ def grade_episode(
     *,
     restore: Callable[[SnapshotRef], Sandbox] | None = None,
     discard: Callable[[Sandbox], None] | None = None,
+    in_place: bool = False,
+    pristine: PristineFactory | None = None,
 ) -> VerifierResult:
     """Grade ``episode`` in a clean sandbox forked from ``agent_sandbox``; see the module docstring.
 
     ``restore`` / ``discard`` let a caller with warm pools make and dispose of the grading
     sandbox (the rollout hot path); by default it is ``backend.restore`` and ``close``.
+    ``in_place`` grades in ``agent_sandbox`` itself once it is quiesced (the caller must
+    reset or destroy it afterwards, as it would anyway); ``pristine`` makes the oracle
+    replay's sandbox (see ``BackendOracleReplay``).
     """
     started = time.monotonic()
     timings: dict[str, float] = {}
-    try:
-        ref = agent_sandbox.snapshot(SnapshotKind.FAST)
-    except Exception as exc:  # noqa: BLE001 - a lost sandbox is an episode that cannot be graded
-        return _invalid(f"cannot snapshot the agent's sandbox: {type(exc).__name__}: {exc}", started)
-    timings["snapshot_s"] = time.monotonic() - started
-    try:
-        grading = (restore or backend.restore)(ref)
-    except Exception as exc:  # noqa: BLE001
-        return _invalid(f"cannot restore the agent's state for grading: {type(exc).__name__}: {exc}", started)
-    timings["restore_s"] = time.monotonic() - started - timings["snapshot_s"]
-    replay = BackendOracleReplay(backend, task, episode.variant)
+    extra: dict[str, Any] = {"timings": timings, "graded_in": "fork"}
+    grading: Sandbox | None = None
+    if in_place:
+        quiesce = getattr(agent_sandbox, "quiesce", None)
+        refused = quiesce() if callable(quiesce) else f"{type(agent_sandbox).__name__} cannot quiesce"
+        timings["quiesce_s"] = time.monotonic() - started
+        if refused is None:
+            grading, extra["graded_in"] = agent_sandbox, "place"
+        else:
+            extra["in_place_refused"] = refused
+    if grading is None:
+        t0 = time.monotonic()
+        try:
+            ref = agent_sandbox.snapshot(SnapshotKind.FAST)
+        except Exception as exc:  # noqa: BLE001 - a lost sandbox is an episode that cannot be graded
+            return _invalid(f"cannot snapshot the agent's sandbox: {type(exc).__name__}: {exc}", started, **extra)
+        timings["snapshot_s"] = time.monotonic() - t0
+        try:
+            grading = (restore or backend.restore)(ref)
+        except Exception as exc:  # noqa: BLE001
+            return _invalid(f"cannot restore the agent's state for grading: {type(exc).__name__}: {exc}", started, **extra)
+        timings["restore_s"] = time.monotonic() - t0 - timings["snapshot_s"]
+    replay = BackendOracleReplay(backend, task, episode.variant, pristine=pristine)
     try:
         try:
             problem = prepare_grading_sandbox(grading, task, episode.variant)
         except Exception as exc:  # noqa: BLE001
             problem = f"cannot copy hidden files into the grading sandbox: {type(exc).__name__}: {exc}"
         if problem:
-            return _invalid(problem, started, timings=timings)
+            return _invalid(problem, started, **extra)
         verify_started = time.monotonic()
         try:
             result = task.grade(grading, replace(episode, oracle=replay))
         except Exception as exc:  # noqa: BLE001
-            return _invalid(f"{task.id}: grading raised {type(exc).__name__}: {exc}", started, timings=timings)
+            return _invalid(f"{task.id}: grading raised {type(exc).__name__}: {exc}", started, **extra)
         timings["verify_s"] = time.monotonic() - verify_started
-        return replace(result, duration_s=time.monotonic() - started, extra={**dict(result.extra), "timings": timings})
+        return replace(result, duration_s=time.monotonic() - started, extra={**dict(result.extra), **extra})
     finally:
-        dispose = (lambda: discard(grading)) if discard is not None else grading.close
-        for closer in (dispose, replay.close):
+        closers: list[Callable[[], None]] = [replay.close]
+        if grading is not agent_sandbox:
+            fork = grading
+            closers.insert(0, (lambda: discard(fork)) if discard is not None else fork.close)
+        for closer in closers:
             try:
                 closer()
             except Exception:  # noqa: BLE001,S110 - closing is best effort; the reaper finds leftovers

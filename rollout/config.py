@@ -185,6 +185,11 @@ class RolloutConfig(_Model):
     workers: int = Field(default=2, ge=1)
     concurrency: int = Field(default=4, ge=1, description="episodes in flight per worker")
     pool_size: int = Field(default=2, ge=0, description="warm sandboxes per task image per worker")
+    grading: Literal["in_place", "fork"] = Field(
+        default="in_place",
+        description="in_place: grade in the agent's sandbox once its processes are killed and /tmp emptied "
+        "(falls back to a fork when that is refused); fork: always in a clean copy of its files",
+    )
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     retries: RetryConfig = Field(default_factory=RetryConfig)
     ray: RayConfig = Field(default_factory=RayConfig)

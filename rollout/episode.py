@@ -9,7 +9,7 @@ The loop (``EpisodeRunner.run``)::
         turn = harness.parse(generation)                    # malformed calls become tool errors
         for each intent: IntentExecutor on the sandbox      # in a worker thread
         prompt += completion + harness-formatted results    # token-exact (EpisodeRenderer)
-    grade_episode(...)                                      # a clean fork of the final state
+    grade_episode(...)                                      # in place once quiesced, or a clean fork
     Trajectory -> store (idempotent by episode id)
 
 A failed episode is a record, never an exception: every way an episode can end
@@ -132,6 +132,7 @@ class EpisodeRunner:
         pool_size: int = 2,
         store: TrajectoryStore | None = None,
         sandbox_retries: int = 1,
+        grade_in_place: bool = True,
     ) -> None:
         self.policy = policy
         self.backend = backend
@@ -139,6 +140,7 @@ class EpisodeRunner:
         self.sampling = sampling
         self.store = store
         self.sandbox_retries = sandbox_retries
+        self.grade_in_place = grade_in_place
         self.sandboxes = PristineSandboxes(backend, pool_size=pool_size)
         self._threads = ThreadPoolExecutor(max_workers=MAX_THREADS, thread_name_prefix="episode")
         self._tasks: dict[str, Task] = {}
@@ -296,6 +298,7 @@ class EpisodeRunner:
             functools.partial(
                 grade_episode, self.backend, sandbox, task, episode,
                 restore=self.sandboxes.grading_restore, discard=self.sandboxes.grading_discard,
+                in_place=self.grade_in_place, pristine=functools.partial(self.sandboxes.pristine_copy, task, variant),
             )
         )
         tally.verifier_s += time.monotonic() - t0

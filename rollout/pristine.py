@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentenv.types import Task, Variant
@@ -130,6 +131,15 @@ class PristineSandboxes:
                 size = max(self.pool_size // 2, 1)
                 pool = self._grading_pools[key] = SandboxPool(self.backend, ref.spec, size=size, max_size=4 * size)
         return pool.restore(ref, timeout=ACQUIRE_TIMEOUT_S)
+
+    def pristine_copy(self, task: Task, variant: Variant) -> tuple[Sandbox, Callable[[], None]] | None:
+        """A grading-pool sandbox at ``variant``'s set-up state and its disposer, or None when no snapshot
+        of that state is cached (the oracle replay then starts and sets up a sandbox of its own)."""
+        ref = self._cached((task.id, variant.seed, self.spec(task).key()))
+        if ref is None:
+            return None
+        sandbox = self.grading_restore(ref)
+        return sandbox, lambda: self.grading_discard(sandbox)
 
     def grading_discard(self, sandbox: Sandbox) -> None:
         """Give a grading sandbox back (reset in place, or destroyed and replaced, in the background)."""

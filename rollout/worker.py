@@ -52,10 +52,13 @@ class WorkerSpec:
     backend: Literal["docker", "local"] = "docker"
     pool_size: int = 2
     sandbox_retries: int = 1
+    grading: Literal["in_place", "fork"] = "in_place"
 
     @classmethod
     def from_config(cls, cfg: RolloutConfig) -> WorkerSpec:
-        return cls(cfg.run_id, cfg.policy, cfg.sampling, cfg.backend, cfg.pool_size, cfg.retries.sandbox_acquire)
+        return cls(
+            cfg.run_id, cfg.policy, cfg.sampling, cfg.backend, cfg.pool_size, cfg.retries.sandbox_acquire, cfg.grading
+        )
 
 
 def apply_version(policy: Any, version: int, weights: Any = None) -> Any:
@@ -141,6 +144,7 @@ class RolloutWorker:
             pool_size=spec.pool_size,
             store=None,  # the scheduler writes, after the staleness check
             sandbox_retries=spec.sandbox_retries,
+            grade_in_place=spec.grading == "in_place",
         )
         self._pending: tuple[int, Any] | None = None
         self.running = 0

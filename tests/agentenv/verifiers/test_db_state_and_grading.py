@@ -188,3 +188,30 @@ def test_oracle_replay_runs_once_per_variant_and_caches_failures() -> None:
         with pytest.raises(OracleError, match="exit 1"):
             broken.compute("k", lambda sb, ans: 1)
     clear_oracle_cache()
+
+
+def test_grade_in_place_needs_a_quiesced_sandbox_else_it_forks() -> None:
+    class Quiet(FakeSandbox):
+        def __init__(self, files: dict[str, bytes], refusal: str | None) -> None:
+            super().__init__(files)
+            self.refusal, self.quiesced = refusal, 0
+
+        def quiesce(self) -> str | None:
+            self.quiesced += 1
+            return self.refusal
+
+    planted = {"/tests/conftest.py": b"x", "/workspace/a": b"1"}
+    backend, task = FakeBackend(), FakeTask(VerifierResult(1.0, True))
+    agent = Quiet(dict(planted), None)
+    result = grade_episode(backend, agent, task, make_episode(), in_place=True)  # type: ignore[arg-type]
+    assert result.reward == 1.0 and result.extra["graded_in"] == "place" and agent.quiesced == 1
+    assert backend.made == [] and not agent.closed  # no fork made; the caller resets its own sandbox
+    assert "/tests/conftest.py" not in agent.files and agent.files["/tests/test_real.py"].endswith(b"assert False\n")
+
+    refusing = Quiet(dict(planted), "1 SysV IPC objects exist")
+    result = grade_episode(backend, refusing, task, make_episode(), in_place=True)  # type: ignore[arg-type]
+    assert result.extra["graded_in"] == "fork" and result.extra["in_place_refused"] == "1 SysV IPC objects exist"
+    assert len(backend.made) == 1 and backend.made[0].closed and "/tests/conftest.py" in refusing.files
+
+    result = grade_episode(backend, FakeSandbox(dict(planted)), task, make_episode(), in_place=True)  # type: ignore[arg-type]
+    assert result.extra["graded_in"] == "fork" and "cannot quiesce" in result.extra["in_place_refused"]

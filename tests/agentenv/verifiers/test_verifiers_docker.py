@@ -49,14 +49,34 @@ def agent(backend):  # noqa: ANN001, ANN201
     sandbox.close()
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["fork", "in_place"])
 @pytest.mark.parametrize("cheat", sorted(CHEATS))
-def test_cheats_earn_nothing(backend, agent, cheat: str) -> None:  # noqa: ANN001
+def test_cheats_earn_nothing(backend, agent, cheat: str, in_place: bool) -> None:  # noqa: ANN001
     sandbox, variant = agent
     for path, text in CHEATS[cheat].items():
         sandbox.write_file(path, text)
     sandbox.exec("echo 'test_clamp PASSED'; echo '== 4 passed =='")
-    result = grade_episode(backend, sandbox, TASK, Episode(TASK.id, variant))
+    result = grade_episode(backend, sandbox, TASK, Episode(TASK.id, variant), in_place=in_place)
     assert result.reward == 0.0 and not result.passed, result
+    assert result.extra["graded_in"] == ("place" if in_place else "fork")
+
+
+def test_in_place_grading_kills_what_the_agent_left_running(backend, agent) -> None:  # noqa: ANN001
+    # A background job that would swap the fixed file for the broken one while the tests run, and a
+    # planted /tmp file: grading in place sees neither (as a fork would not).
+    sandbox, variant = agent
+    TASK.oracle(sandbox, variant)
+    solved = sandbox.read_file("/workspace/mathutils.py")
+    sandbox.exec("cp mathutils.py /tmp/.fixed; echo 'def clamp(*a): return 0' > /tmp/.broken; "
+                 "nohup sh -c 'sleep 0.2; while true; do cp /tmp/.broken /workspace/mathutils.py; sleep 0.05; done' "
+                 ">/dev/null 2>&1 &")
+    result = grade_episode(backend, sandbox, TASK, Episode(TASK.id, variant), in_place=True)
+    assert result.extra["graded_in"] == "place" and result.reward == 1.0, result
+    left = sandbox.exec("ls -A /tmp").stdout.split()  # only grading's own staging dirs
+    assert ".broken" not in left and all(n.startswith("agentenv-") for n in left), left
+    assert sandbox.read_file("/workspace/mathutils.py") == solved
+    procs = sandbox.exec("ps -u agent -o args=").stdout  # the agent and this ps only
+    assert "sleep" not in procs and "while true" not in procs, procs
 
 
 def test_planted_hidden_tests_are_cleared(backend, agent) -> None:  # noqa: ANN001
