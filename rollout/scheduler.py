@@ -11,6 +11,9 @@ What it guarantees, and how:
 * **Backpressure.** At most ``slots`` episodes are in flight per worker; the rest
   wait in a queue here, not in Ray's mailboxes, so an aborted or rerun episode
   never sits behind a long tail.
+* **Group locality.** A group's episodes go to one home worker while it has a
+  free slot (its variant is set up once there and restored from a snapshot for
+  the rest); a worker with nothing of its own takes a new group, then steals.
 * **Hard staleness bound.** The scheduler, not the worker, writes trajectories,
   so nothing reaches the store (where the learner reads) unchecked. A trajectory
   with ``learner_version - policy_version > K`` is resumed (run again on current
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import time
 from collections import Counter, deque
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
     from rollout.episode import EpisodeRequest
 
 log = logging.getLogger(__name__)
+LOCALITY_WINDOW = 256  # queued requests scanned for one of a worker's own groups
 
 __all__ = ["RolloutReport", "Scheduler", "WorkerClient", "WorkerLost", "plan_episodes"]
 
@@ -177,6 +182,7 @@ class Scheduler:
         self._queue: deque[EpisodeRequest] = deque(requests)
         self._flights: dict[asyncio.Task[Trajectory], _Flight] = {}
         self._load = [0] * len(self.workers)
+        self._home: dict[str, int] = {}  # group id -> the worker holding its variant's sandboxes
         self._tries: Counter[tuple[str, str]] = Counter()  # (episode id, kind) -> reruns spent
         self._aborted: set[asyncio.Task[Trajectory]] = set()
         self._wake = asyncio.Event()
@@ -225,12 +231,37 @@ class Scheduler:
             if not free:
                 return  # backpressure: the queue waits here until a slot frees
             i = min(free, key=lambda j: self._load[j] / self.workers[j].slots)
-            req = self._queue.popleft()
+            req = self._take_for(i)
             task = asyncio.ensure_future(self.workers[i].run(req))
             self._flights[task] = _Flight(req, i, self.version, task)
             self._load[i] += 1
             self.max_in_flight = max(self.max_in_flight, len(self._flights))
             self._emit("start", req, None)
+
+    def _take_for(self, worker: int) -> EpisodeRequest:
+        """The next request for ``worker``: group locality first, never an idle slot.
+
+        A group's episodes share their variant's setup and its pristine snapshot,
+        which live in one worker's pools; so a group has a home worker (the first
+        to take one of its episodes). In the first ``LOCALITY_WINDOW`` queued
+        requests, in order: one of a group at home here, else one of a group with
+        no home yet (it moves in), else the first request (stolen: a free slot
+        never waits while work is queued).
+        """
+        claim: int | None = None
+        for n, req in enumerate(itertools.islice(self._queue, LOCALITY_WINDOW)):
+            home = self._home.get(req.group_id) if req.group_id else worker
+            if home == worker:
+                claim = n
+                break
+            if home is None and claim is None:
+                claim = n
+        n = claim or 0
+        req = self._queue[n]
+        del self._queue[n]
+        if req.group_id:
+            self._home.setdefault(req.group_id, worker)
+        return req
 
     async def _settle(self, task: asyncio.Task[Trajectory]) -> None:
         flight = self._flights.pop(task)

@@ -207,3 +207,22 @@ def test_resume_budget_spent_drops() -> None:
                   staleness=StalenessConfig(max_lag=1, max_resumes=2))
     report = run(s)
     assert report.resumed == 2 and report.dropped == 1 and report.accounted and report.stored == 0
+
+
+def test_a_group_stays_on_its_home_worker_and_idle_workers_steal() -> None:
+    # 4 groups of 4 on 2 workers of 2 slots: every group lives on one worker (one setup per variant there).
+    c = cfg(seeds=[0, 1, 2, 3], group_size=4)
+    requests = plan_episodes(c, ["general/answer_number"])
+    workers = [FakeWorker(slots=2), FakeWorker(slots=2)]
+    store = FakeStore()
+    report = run(Scheduler(requests, workers, store))
+    assert report.accounted and report.stored == 16
+    homes = {req.group_id: {i for i, w in enumerate(workers) for r in w.calls if r.group_id == req.group_id} for req in requests}
+    assert all(len(h) == 1 for h in homes.values()), homes
+    assert {len(w.calls) for w in workers} == {8}
+
+    # one group only: the second worker steals rather than idles
+    lone = plan_episodes(cfg(seeds=[0], group_size=4), ["general/answer_number"])
+    workers = [FakeWorker(slots=1, delay=0.05), FakeWorker(slots=1, delay=0.05)]
+    assert run(Scheduler(lone, workers, FakeStore())).stored == 4
+    assert all(w.calls for w in workers)
