@@ -7,8 +7,13 @@ base image, with Debian's ``postgresql`` plus ``python3-sqlalchemy`` and
 ``python3-psycopg2`` (the grading script runs inside the sandbox, because the
 network is off and the server only listens on a unix socket).
 
-The image also carries ``agentenv-pg-start``: it initialises a cluster owned by
-the calling (non-root) user on first use and starts the server; it is
+The image also carries ``agentenv-pg-start``: it starts the server of the
+cluster owned by the sandbox user, initialised when the image is built (in
+``/home/agent/pgdata``, 1 MB WAL segments), so a task's set-up state differs
+from the image by its own database only: the FAST snapshot a rollout applies
+to every episode of a variant is a few MB, not the whole 48 MB cluster (the
+script still initialises one on first use where the directory is missing,
+for another user or ``PGDATA``); it is
 idempotent, and it cleans the stale ``postmaster.pid`` a file snapshot leaves
 behind (snapshots capture files, never processes, so a grading sandbox restored
 from a snapshot must start the server again).
@@ -39,7 +44,7 @@ PGDATA="${PGDATA:-/home/agent/pgdata}"
 BIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
 if "$BIN/pg_isready" -q -h /tmp; then exit 0; fi
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
-  "$BIN/initdb" -D "$PGDATA" -U agent --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+  "$BIN/initdb" -D "$PGDATA" -U "$(id -un)" --auth=trust -E UTF8 --locale=C.UTF-8 --wal-segsize=1 >/dev/null
 fi
 chmod 700 "$PGDATA"
 rm -f "$PGDATA/postmaster.pid" /tmp/.s.PGSQL.5432 /tmp/.s.PGSQL.5432.lock
@@ -60,6 +65,11 @@ def postgres_recipe() -> RootfsRecipe:
                 *base.setup,
                 f"echo {script} | base64 -d > /usr/local/bin/agentenv-pg-start",
                 "chmod 755 /usr/local/bin/agentenv-pg-start",
+                # the sandbox user's cluster, initialised once here instead of in every task's setup
+                "setpriv --reuid=1000 --regid=1000 --clear-groups env HOME=/home/agent USER=agent"
+                " /bin/sh -c 'cd /home/agent && BIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)"
+                " && \"$BIN/initdb\" -D /home/agent/pgdata -U agent --auth=trust -E UTF8 --locale=C.UTF-8"
+                " --wal-segsize=1 >/dev/null'",
                 # the packaged cluster is never used; the agent runs its own
                 "rm -rf /var/lib/postgresql/*/main /etc/postgresql/*/main",
             ),

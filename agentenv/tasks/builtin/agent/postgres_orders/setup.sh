@@ -1,6 +1,6 @@
 set -e
 agentenv-pg-start
-psql -h /tmp -d postgres -qAt -c "CREATE DATABASE shop" >/dev/null
+psql -h /tmp -d postgres -qAt -c "CREATE DATABASE shop STRATEGY FILE_COPY" >/dev/null
 python3 - <<'PY' | psql -h /tmp -d shop -q -v ON_ERROR_STOP=1 >/dev/null
 import random
 rng = random.Random({{ seed }})
