@@ -20,6 +20,8 @@ Usage::
 
 from __future__ import annotations
 
+import functools
+
 import random
 import string
 from collections.abc import Mapping
@@ -67,10 +69,16 @@ def context(params: Mapping[str, Any], seed: int) -> dict[str, Any]:
     return {**params, "seed": int(seed)}
 
 
+@functools.lru_cache(maxsize=512)
+def _compiled(template: str) -> jinja2.Template:
+    """Compiled once per source: a rollout renders the same few templates for every episode."""
+    return _ENV.from_string(template)
+
+
 def render(template: str, values: Mapping[str, Any], *, where: str) -> str:
     """Render ``template`` strictly; ``where`` (a file or field) names it in errors."""
     try:
-        return _ENV.from_string(template).render(**values)
+        return _compiled(template).render(**values)
     except jinja2.UndefinedError as exc:
         raise TemplateError(f"{where}: {exc.message}; defined: {', '.join(sorted(values)) or 'nothing'}") from exc
     except jinja2.TemplateSyntaxError as exc:
