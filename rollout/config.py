@@ -185,6 +185,11 @@ class RolloutConfig(_Model):
     workers: int = Field(default=2, ge=1)
     concurrency: int = Field(default=4, ge=1, description="episodes in flight per worker")
     pool_size: int = Field(default=2, ge=0, description="warm sandboxes per task image per worker")
+    warm: bool = Field(
+        default=True,
+        description="before the first episode each worker starts `concurrency` sandboxes of every image the "
+        "run's tasks use, so no episode waits on a container start (start-up time, paid once per run)",
+    )
     grading: Literal["in_place", "fork"] = Field(
         default="in_place",
         description="in_place: grade in the agent's sandbox once its processes are killed and /tmp emptied "

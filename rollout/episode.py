@@ -174,6 +174,11 @@ class EpisodeRunner:
                 log.exception("could not store episode %s", req.episode_id)
         return traj
 
+    def warm(self, task_ids: list[str], per_image: int) -> int:
+        """Load ``task_ids`` and start ``per_image`` sandboxes of each of their images (blocking); returns
+        the number of images. Bad task ids raise here, before any episode."""
+        return self.sandboxes.warm([self._task(t) for t in task_ids], per_image)
+
     def close(self) -> None:
         """Destroy every warm sandbox and stop the threads."""
         self.sandboxes.close()
@@ -409,6 +414,7 @@ def _result_dict(result: VerifierResult) -> dict[str, Any]:
         "reason": result.reason,
         "details": [{"name": d.name, "passed": d.passed, "score": d.score, "detail": d.detail} for d in result.details],
         "duration_s": result.duration_s,
+        "graded_in": result.extra.get("graded_in"),  # "place" (quiesced agent sandbox) or "fork"
     }
 
 

@@ -120,6 +120,8 @@ def run_rollout(
                 clients.append(RayWorkerClient(lambda i=i: start_worker(cfg, i), slots=cfg.concurrency))
             # every worker up (backend reachable, policy loaded) before the first episode: fail fast
             await asyncio.gather(*(c.info() for c in clients))
+            if cfg.warm:  # warm pools before the clock of the first episode starts: a run pays this once
+                await asyncio.gather(*(c.warm(sorted(domains), cfg.concurrency) for c in clients))
             scheduler = Scheduler(
                 todo,
                 clients,

@@ -111,6 +111,18 @@ class PristineSandboxes:
             self._returned(pool)
             raise
 
+    def warm(self, tasks: list[Task], per_image: int, timeout: float = ACQUIRE_TIMEOUT_S) -> int:
+        """Start ``per_image`` sandboxes of every image ``tasks`` use and wait for them; returns how many
+        pools were warmed. A run does this before its first episode, so no episode waits on a start."""
+        specs = {spec.key(): spec for spec in (self.spec(t) for t in tasks)}
+        for spec in specs.values():
+            pool = self._pool(spec)
+            try:
+                pool.warm(timeout=timeout, n=per_image)
+            finally:
+                self._returned(pool)
+        return len(specs)
+
     def release(self, lease: Lease) -> None:
         """Give the sandbox back (reset in place, or destroyed and replaced, in the background by its pool)."""
         try:
@@ -128,8 +140,8 @@ class PristineSandboxes:
                 raise PoolClosed("the episode runner's sandboxes are closed")
             pool = self._grading_pools.get(key)
             if pool is None:
-                size = max(self.pool_size // 2, 1)
-                pool = self._grading_pools[key] = SandboxPool(self.backend, ref.spec, size=size, max_size=4 * size)
+                size = self.pool_size // 2  # 0: started on demand, then reset and reused
+                pool = self._grading_pools[key] = SandboxPool(self.backend, ref.spec, size=size, max_size=max(4 * size, 4))
         return pool.restore(ref, timeout=ACQUIRE_TIMEOUT_S)
 
     def pristine_copy(self, task: Task, variant: Variant) -> tuple[Sandbox, Callable[[], None]] | None:

@@ -26,6 +26,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -166,6 +167,13 @@ class RolloutWorker:
             self.running -= 1
             self.finished += 1
 
+    async def warm(self, task_ids: list[str], per_image: int) -> dict[str, Any]:
+        """Start ``per_image`` warm sandboxes of every image the run's tasks use; returns what it did."""
+        t0 = time.monotonic()
+        loop = asyncio.get_running_loop()
+        images = await loop.run_in_executor(None, self.runner.warm, list(task_ids), per_image)
+        return {"index": self.index, "images": images, "per_image": per_image, "seconds": time.monotonic() - t0}
+
     def set_policy_version(self, version: int, weights: Any = None) -> None:
         """Take weights ``version`` (and the weights, for a model policy) before the next episode."""
         if version < self.runner.policy.version:
@@ -288,6 +296,9 @@ class RayWorkerClient:
 
     async def info(self) -> dict[str, Any]:
         return await self.actor.info.remote()  # type: ignore[no-any-return]
+
+    async def warm(self, task_ids: list[str], per_image: int) -> dict[str, Any]:
+        return await self.actor.warm.remote(task_ids, per_image)  # type: ignore[no-any-return]
 
     async def close(self, timeout_s: float = 60.0) -> None:
         """Release the worker's sandboxes, then end the actor."""

@@ -173,18 +173,20 @@ class SandboxPool:
             raise failed
         return sandboxes
 
-    def warm(self, timeout: float = 120.0) -> None:
-        """Block until ``size`` sandboxes are ready (for benchmarks and start-up)."""
+    def warm(self, timeout: float = 120.0, n: int | None = None) -> None:
+        """Block until ``n`` (default ``size``; at most ``max_size``) sandboxes are ready, starting the
+        missing ones (for benchmarks and start-up: a rollout warms to its concurrency first)."""
+        target = min(self.size if n is None else n, self.max_size)
         deadline = time.monotonic() + timeout
         with self._cond:
-            while len(self._ready) < self.size:
+            while len(self._ready) < target:
                 self._check_open()
                 if self._errors and self._starting == 0 and self._resetting == 0:
                     raise SandboxError(f"pool cannot start sandboxes for {self.spec.image}: {self._errors[-1]}")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise SandboxTimeout(f"pool did not reach {self.size} ready sandboxes within {timeout}s")
-                self._refill_locked()
+                    raise SandboxTimeout(f"pool did not reach {target} ready sandboxes within {timeout}s")
+                self._refill_locked(extra=max(target - self.size, 0))
                 self._cond.wait(timeout=min(remaining, 1.0))
 
     def counts(self) -> dict[str, int]:

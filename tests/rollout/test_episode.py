@@ -151,6 +151,24 @@ def test_oracle_through_every_harness_earns_full_reward(backend: Any) -> None:
         assert len(traj.turns) == 2 and traj.turns[0].tool_calls == 1 and traj.tool_errors == 0
         assert traj.policy_version == 5 and traj.effort == "high" and traj.domain in ("general", "coding")
         assert traj.timings.total_s >= traj.timings.sandbox_s + traj.timings.verifier_s > 0
+        assert traj.verifier["graded_in"] == "place", "the runner grades in the quiesced agent sandbox"
+
+
+@pytest.mark.docker
+def test_warm_starts_every_pool_before_the_first_episode(backend: Any) -> None:
+    runner = EpisodeRunner(ScriptedPolicy(), backend=backend, pool_size=0)
+    try:
+        assert runner.warm(["general/answer_number", "general/shell_script"], 2) == 1  # one image
+        [pool] = runner.sandboxes._pools.values()
+        assert pool.counts()["ready"] == 2
+
+        async def go() -> list[Trajectory]:
+            return list(await asyncio.gather(*(runner.run(_req("general/answer_number", h, "warm")) for h in ("codex", "bash"))))
+
+        assert [t.status for t in asyncio.run(go())] == [Status.OK, Status.OK]
+        assert pool.stats["started"] == 2 and pool.stats["misses"] == 0, "no episode waited on a container start"
+    finally:
+        runner.close()
 
 
 @pytest.mark.docker

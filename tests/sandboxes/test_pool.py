@@ -217,3 +217,19 @@ def test_resetting_counts_against_max_size() -> None:
         pool.release(sb)
         again = pool.acquire(timeout=5)  # waits for the reset rather than starting a second one
         assert again.id == sb.id and len(backend.made) == 1
+
+
+def test_warm_to_n_with_no_spares_then_cycle_without_new_starts() -> None:
+    # What a rollout does: size 0 (no spares), warmed to its concurrency, then only resets.
+    backend = ResettingBackend()
+    with SandboxPool(backend, SPEC, size=0, max_size=4) as pool:
+        pool.warm(timeout=5, n=3)
+        assert pool.counts()["ready"] == 3 and len(backend.made) == 3
+        for _ in range(4):
+            held = [pool.acquire(timeout=5) for _ in range(3)]
+            for sb in held:
+                pool.release(sb)
+            _wait(lambda: pool.counts()["ready"] == 3)
+        assert len(backend.made) == 3 and pool.stats["misses"] == 0
+        pool.warm(timeout=5, n=9)  # capped at max_size
+        assert len(backend.made) == 4
