@@ -72,6 +72,7 @@ class PristineSandboxes:
         self._variant_locks: dict[tuple[str, int, str], threading.Lock] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._min_size = 0  # the least ``max_size`` of a pool: what ``warm`` was asked for, plus spares
         self.stats = {"setups": 0, "restores": 0}
 
     # ------------------------------------------------------------ public
@@ -115,9 +116,11 @@ class PristineSandboxes:
         """Start ``per_image`` sandboxes of every image ``tasks`` use and wait for them; returns how many
         pools were warmed. A run does this before its first episode, so no episode waits on a start."""
         specs = {spec.key(): spec for spec in (self.spec(t) for t in tasks)}
+        self._min_size = max(self._min_size, per_image + self.pool_size)  # room for the concurrency + spares
         for spec in specs.values():
             pool = self._pool(spec)
             try:
+                pool.max_size = max(pool.max_size, self._min_size)
                 pool.warm(timeout=timeout, n=per_image)
             finally:
                 self._returned(pool)
@@ -189,7 +192,8 @@ class PristineSandboxes:
                 raise PoolClosed("the episode runner's sandboxes are closed")
             pool = self._pools.get(key)
             if pool is None:
-                pool = SandboxPool(self.backend, spec, size=self.pool_size, max_size=max(4 * self.pool_size, 4))
+                cap = max(4 * self.pool_size, 4, self._min_size)
+                pool = SandboxPool(self.backend, spec, size=self.pool_size, max_size=cap)
                 self._pools[key] = pool
                 idle = [k for k in self._pools if k != key and not self._leases.get(k)]
                 while len(self._pools) > MAX_POOLS and idle:

@@ -399,7 +399,7 @@ def _extract_one(tar, m, path, dir_times):
     os.utime(path, (m.mtime, m.mtime))
 
 
-_HELPERS = {}  # sha256 of a helper's source -> its namespace, compiled once per agent
+_HELPERS: dict = {}  # sha256 of a helper's source -> its namespace, compiled once per agent
 
 
 def op_helper(req, payload):
