@@ -186,6 +186,32 @@ def same_entry(seen: dict[str, Any] | None, base: dict[str, Any]) -> bool:
     return all(seen.get(k) == base.get(k) for k in keys)
 
 
+def _agent_live(sb: DockerSandbox) -> bool:
+    return not sb._closed and sb.has_agent and sb._channel is not None and sb._channel.is_open
+
+
+def _scratch_mounts(sb: DockerSandbox) -> list[str]:
+    return (["/tmp"] if sb.spec.tmpfs_mb > 0 else []) + list(SCRATCH_MOUNTS)
+
+
+def _run_helper(sb: DockerSandbox, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """``reset_helper.run(req)`` inside the sandbox, in the agent's process (no interpreter start)."""
+    _, body = sb.agent_call({"op": "helper", "request": req}, HELPER_SOURCE, timeout=timeout)
+    out: dict[str, Any] = json.loads(body)
+    return out
+
+
+def _unclean(out: dict[str, Any]) -> str | None:
+    """Why a helper answer shows a sandbox that still runs something or holds scratch state, or None."""
+    if out["procs"]:
+        return f"sandbox-user processes survive: {out['procs'][:10]}"
+    if out["scratch_errors"] or any(out["scratch"].values()):
+        return f"scratch mounts not empty: {out['scratch_errors'][:5] or out['scratch']}"
+    if out["ipc"]:
+        return f"{out['ipc']} SysV IPC objects exist"
+    return None
+
+
 class Resetter:
     """One reset of one sandbox; ``run`` raises ``ResetRefused`` with the reason."""
 
@@ -201,7 +227,7 @@ class Resetter:
         if not lowers or not all(os.access(d, os.R_OK | os.X_OK) for d in lowers):
             raise ResetRefused("the image's lower layers are not readable here")
         self.base = LowerView(lowers)
-        self.scratch = (["/tmp"] if sb.spec.tmpfs_mb > 0 else []) + list(SCRATCH_MOUNTS)
+        self.scratch = _scratch_mounts(sb)
 
     def _left(self) -> float:
         left = self.deadline - time.monotonic()
@@ -210,10 +236,7 @@ class Resetter:
         return left
 
     def helper(self, req: dict[str, Any]) -> dict[str, Any]:
-        """``reset_helper.run(req)`` inside the sandbox, in the agent's process (no interpreter start)."""
-        _, body = self.sb.agent_call({"op": "helper", "request": req}, HELPER_SOURCE, timeout=self._left())
-        out: dict[str, Any] = json.loads(body)
-        return out
+        return _run_helper(self.sb, req, self._left())
 
     def run(self) -> None:
         first = self.helper({"kill": True, "clear": True, "scratch": self.scratch})
@@ -228,12 +251,9 @@ class Resetter:
         self._verify()
 
     def _check_clean(self, out: dict[str, Any]) -> None:
-        if out["procs"]:
-            raise ResetRefused(f"sandbox-user processes survive: {out['procs'][:10]}")
-        if out["scratch_errors"] or any(out["scratch"].values()):
-            raise ResetRefused(f"scratch mounts not empty: {out['scratch_errors'][:5] or out['scratch']}")
-        if out["ipc"]:
-            raise ResetRefused(f"{out['ipc']} SysV IPC objects exist")
+        why = _unclean(out)
+        if why is not None:
+            raise ResetRefused(why)
 
     def _plan(self, paths: list[str], deleted: list[str], opaque: list[str]) -> tuple[list[str], dict[str, str]]:
         """Paths to delete, and base paths to (re)write: sandbox path -> host path of the base entry."""
@@ -345,29 +365,19 @@ def quiesce_sandbox(sb: DockerSandbox, timeout: float = DEFAULT_RESET_TIMEOUT_S)
     (which has no processes, empty scratch mounts and no IPC objects either).
     Grading in place after this sees what grading in a fork would see.
     """
-    if sb._closed or not sb.has_agent or sb._channel is None or not sb._channel.is_open:
+    if not _agent_live(sb):
         return "no live agent"
-    scratch = (["/tmp"] if sb.spec.tmpfs_mb > 0 else []) + list(SCRATCH_MOUNTS)
     try:
-        _, body = sb.agent_call({"op": "helper", "request": {"kill": True, "clear": True, "scratch": scratch}},
-                                HELPER_SOURCE, timeout=timeout)
-        out = json.loads(body)
-        if out["procs"]:
-            return f"sandbox-user processes survive: {out['procs'][:10]}"
-        if out["scratch_errors"] or any(out["scratch"].values()):
-            return f"scratch mounts not empty: {out['scratch_errors'][:5] or out['scratch']}"
-        if out["ipc"]:
-            return f"{out['ipc']} SysV IPC objects exist"
+        return _unclean(_run_helper(sb, {"kill": True, "clear": True, "scratch": _scratch_mounts(sb)}, timeout))
     except Exception as exc:  # noqa: BLE001 - a refusal, never a guess: the caller grades in a fork
         return f"{type(exc).__name__}: {exc}"
-    return None
 
 
 def reset_sandbox(sb: DockerSandbox, timeout: float = DEFAULT_RESET_TIMEOUT_S) -> bool:
     """Reset ``sb`` in place; True only when every guarantee of this module holds."""
     why: str | None = None
     try:
-        if sb._closed or not sb.has_agent or sb._channel is None or not sb._channel.is_open:
+        if not _agent_live(sb):
             raise ResetRefused("no live agent")
         Resetter(sb, timeout).run()
     except ResetRefused as exc:
