@@ -52,6 +52,16 @@ def _rows(result: Any) -> list[list[Any]]:
     return [[normalise(v) for v in row] for row in result.fetchall()]
 
 
+def _table(columns: list[str], result: Any) -> dict[str, Any]:
+    """One table's canonical entry: its columns and its rows sorted by their JSON text."""
+    return {"columns": columns, "rows": sorted(_rows(result), key=lambda r: json.dumps(r, sort_keys=True))}
+
+
+def _query_error(exc: Exception) -> dict[str, str]:
+    """A failed query as a result (the agent dropped a table), not a crash of the dump."""
+    return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+
+
 def dump(
     url: str, tables: list[str] | None = None, queries: list[str] | None = None, *, force_sqlalchemy: bool = False
 ) -> dict[str, Any]:
@@ -73,9 +83,7 @@ def dump(
         with engine.connect() as conn:
             for name in names:
                 result = conn.execute(text(f"SELECT * FROM {quote(name)}"))
-                columns = list(result.keys())
-                rows = sorted(_rows(result), key=lambda r: json.dumps(r, sort_keys=True))
-                out["tables"][name] = {"columns": columns, "rows": rows}
+                out["tables"][name] = _table(list(result.keys()), result)
             for query in queries or []:
                 try:
                     out["queries"].append({"rows": _rows(conn.execute(text(query)))})
@@ -83,7 +91,7 @@ def dump(
                     rollback = getattr(conn, "rollback", None)  # SQLAlchemy 1.4's legacy Connection rolls back itself
                     if callable(rollback):
                         rollback()
-                    out["queries"].append({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
+                    out["queries"].append(_query_error(exc))
         return out
     finally:
         engine.dispose()
@@ -119,9 +127,7 @@ def _dump_psycopg2(psycopg2: Any, url: str, tables: list[str] | None, queries: l
         out: dict[str, Any] = {"tables": {}, "queries": []}
         for name in sorted(tables):
             cur.execute('SELECT * FROM "%s"' % name.replace('"', '""'))
-            columns = [d[0] for d in cur.description]
-            rows = sorted(_rows(cur), key=lambda r: json.dumps(r, sort_keys=True))
-            out["tables"][name] = {"columns": columns, "rows": rows}
+            out["tables"][name] = _table([d[0] for d in cur.description], cur)
         for query in queries or []:
             try:
                 cur.execute(query)
@@ -129,7 +135,7 @@ def _dump_psycopg2(psycopg2: Any, url: str, tables: list[str] | None, queries: l
             except Exception as exc:  # noqa: BLE001 - a broken query is a result (the agent dropped a table)
                 conn.rollback()
                 cur = conn.cursor()
-                out["queries"].append({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
+                out["queries"].append(_query_error(exc))
         return out
     finally:
         conn.close()
