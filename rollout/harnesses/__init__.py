@@ -51,8 +51,8 @@ def list_harnesses() -> list[str]:
 
 def get_harness(name: str) -> Harness:
     """A new instance of the named harness (instances hold no episode state, but are cheap)."""
-    target = BUILTIN_HARNESSES.get(name)  # a built-in wins anyway: no entry-point scan per episode
-    targets = _targets() if target is None else BUILTIN_HARNESSES
+    # a built-in name wins over entry points anyway: no entry-point scan per episode
+    targets = BUILTIN_HARNESSES if name in BUILTIN_HARNESSES else _targets()
     target = targets.get(name)
     if target is None:
         hint = difflib.get_close_matches(name, list(targets), n=1)
