@@ -49,6 +49,10 @@ class PathEscape(SandboxPermissionError):
     """A path resolves outside the sandbox root (``..`` or a symlink escape)."""
 
 
+class SandboxFileTooLarge(SandboxError, OSError):
+    """A file is larger than a read may return (``read_file``'s ``limit``); nothing was read."""
+
+
 class SnapshotError(SandboxError, RuntimeError):
     """A snapshot could not be taken or restored (unknown ref, broken blob)."""
 
@@ -58,6 +62,7 @@ class PoolClosed(SandboxError, RuntimeError):
 
 
 __all__ = [
+    "SandboxFileTooLarge",
     "DaemonUnavailable",
     "ImageNotFound",
     "PathEscape",

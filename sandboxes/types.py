@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_EXEC_TIMEOUT_S = 60.0
 DEFAULT_OUTPUT_LIMIT = 1 << 20  # bytes kept per stream; the rest is drained and dropped
+READ_LIMIT = 64 << 20  # the most ``read_file`` returns unless the caller passes a larger ``limit``
 
 
 class SandboxSpec(BaseModel):
@@ -190,12 +191,20 @@ class Sandbox(Protocol):
         """
         ...
 
-    def read_file(self, path: str) -> bytes:
-        """Bytes of a file; ``SandboxFileNotFound`` if missing."""
+    def read_file(self, path: str, *, limit: int | None = None) -> bytes:
+        """Bytes of a file; ``SandboxFileNotFound`` if missing.
+
+        ``limit`` (bytes; None = the backend's own cap, ``READ_LIMIT``) refuses a larger file
+        with ``SandboxFileTooLarge`` before reading it, so a huge file cannot exhaust memory.
+        """
         ...
 
-    def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
-        """Create or replace a file, creating parent directories."""
+    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        """Create or replace a file, creating parent directories.
+
+        ``mode=None`` keeps the mode of a file that exists (an edit must not strip a
+        script's execute bit) and gives a new file 0644.
+        """
         ...
 
     def list_files(self, path: str, *, recursive: bool = False) -> list[FileEntry]:
@@ -231,6 +240,7 @@ class SandboxBackend(Protocol):
 __all__ = [
     "DEFAULT_EXEC_TIMEOUT_S",
     "DEFAULT_OUTPUT_LIMIT",
+    "READ_LIMIT",
     "ExecResult",
     "FileEntry",
     "Sandbox",
