@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ from agentenv.types import Domain, Task
 
 ENTRY_POINT_GROUP = "agentenv.tasks"
 BUILTIN_PACKAGE = "agentenv.tasks.builtin"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -134,15 +137,38 @@ def default_registry(*, refresh: bool = False) -> Registry:
     if _DEFAULT is None or refresh:
         reg = Registry()
         _add_builtins(reg)
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            try:
-                reg.add(ep.load(), f"entry point {ep.name} = {ep.value}")
-            except (ImportError, AttributeError) as exc:
-                reg.errors[f"entry point {ep.name}"] = TaskSpecError(f"entry point {ep.name} = {ep.value}: {exc}")
+        _add_entry_points(reg)
         for obj, source in _EXTRA:
             reg.add(obj, source)
         _DEFAULT = reg
     return _DEFAULT
+
+
+def _add_entry_points(reg: Registry) -> None:
+    """Tasks of other packages. A broken entry point is kept as that source's error and logged,
+    never silently dropped (its tasks would just be missing) and never fatal to the others."""
+    try:
+        eps = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    except Exception as exc:  # noqa: BLE001 - unreadable metadata of some installed package
+        log.warning("cannot read the %r entry points (broken package metadata): %s: %s", ENTRY_POINT_GROUP, type(exc).__name__, exc)
+        reg.errors[f"entry points {ENTRY_POINT_GROUP}"] = TaskSpecError(f"entry points {ENTRY_POINT_GROUP}: {type(exc).__name__}: {exc}")
+        return
+    for ep in eps:
+        source = f"entry point {ep.name} = {ep.value}"
+        try:
+            obj = ep.load()
+            reg.add(obj, source)
+        except (TaskSpecError, TypeError) as exc:  # loaded, but not a task, a folder or a provider of one
+            _broken_entry_point(reg, ep.name, source, exc)
+        except AgentEnvError:
+            raise  # an id defined twice: an error naming both places, as for any source
+        except Exception as exc:  # noqa: BLE001 - importing third-party code can raise anything
+            _broken_entry_point(reg, ep.name, source, exc)
+
+
+def _broken_entry_point(reg: Registry, name: str, source: str, exc: BaseException) -> None:
+    log.warning("agentenv.tasks %s cannot be loaded, its tasks are skipped: %s: %s", source, type(exc).__name__, exc)
+    reg.errors[f"entry point {name}"] = TaskSpecError(f"{source}: {type(exc).__name__}: {exc}")
 
 
 def _add_builtins(reg: Registry) -> None:

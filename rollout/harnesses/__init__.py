@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import logging
 from importlib.metadata import entry_points
 
 from agentenv.intents import Harness
 
 ENTRY_POINT_GROUP = "agentenv.harnesses"
+
+log = logging.getLogger(__name__)
 
 # Built-ins resolve without installed metadata (a source checkout, an old egg-info).
 BUILTIN_HARNESSES: dict[str, str] = {
@@ -39,8 +42,9 @@ def _targets() -> dict[str, str]:
     try:
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             found.setdefault(ep.name, ep.value)
-    except Exception:  # noqa: BLE001 - broken third-party metadata must not hide the built-ins
-        pass
+    except Exception as exc:  # noqa: BLE001 - broken third-party metadata must not hide the built-ins
+        log.warning("cannot read the %r entry points (broken package metadata); only the built-in harnesses are listed: %s: %s",
+                    ENTRY_POINT_GROUP, type(exc).__name__, exc)
     return found
 
 

@@ -69,3 +69,44 @@ def test_get_task_accepts_a_folder_path(tmp_path: Path) -> None:
 def test_default_registry_loads_builtins_without_errors() -> None:
     reg = default_registry(refresh=True)
     assert not reg.errors, reg.errors
+
+
+def test_broken_entry_points_are_logged_and_kept_as_errors(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import importlib.metadata as md
+
+    import agentenv.registry as registry
+
+    broken = [
+        md.EntryPoint("missing_pkg", "no_such_pkg_for_agentenv.tasks:TASKS", registry.ENTRY_POINT_GROUP),
+        md.EntryPoint("bad_value", "not a valid value :: here", registry.ENTRY_POINT_GROUP),
+        md.EntryPoint("not_a_task", "builtins:len", registry.ENTRY_POINT_GROUP),  # a callable returning no folder
+    ]
+    monkeypatch.setattr(registry.importlib.metadata, "entry_points", lambda group=None: broken if group == registry.ENTRY_POINT_GROUP else [])
+    with caplog.at_level("WARNING", logger="agentenv.registry"):
+        reg = default_registry(refresh=True)
+    try:
+        logged = "\n".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+        assert "missing_pkg" in logged and "ModuleNotFoundError" in logged and "no_such_pkg_for_agentenv" in logged
+        assert "bad_value" in logged and "not_a_task" in logged
+        assert {"entry point missing_pkg", "entry point bad_value", "entry point not_a_task"} <= set(reg.errors)
+        assert reg.ids(), "the built-ins still load"
+    finally:
+        monkeypatch.undo()
+        default_registry(refresh=True)
+
+
+def test_unreadable_entry_point_metadata_is_logged(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import agentenv.registry as registry
+
+    def boom(group: str | None = None) -> list[object]:
+        raise ValueError("malformed entry_points.txt in some_dist-1.0.dist-info")
+
+    monkeypatch.setattr(registry.importlib.metadata, "entry_points", boom)
+    with caplog.at_level("WARNING", logger="agentenv.registry"):
+        reg = default_registry(refresh=True)
+    try:
+        assert any("malformed entry_points.txt" in r.getMessage() for r in caplog.records)
+        assert reg.ids() and reg.errors
+    finally:
+        monkeypatch.undo()
+        default_registry(refresh=True)
