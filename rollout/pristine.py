@@ -20,11 +20,12 @@ calls them from worker threads.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from agentenv.types import Task, Variant
 from sandboxes.pool import SandboxPool
@@ -44,6 +45,14 @@ class Lease:
     sandbox: Sandbox
     pool: SandboxPool
     fresh_setup: bool  # True when setup ran for this episode (the variant's first)
+
+
+@dataclass
+class _VariantLock:
+    """A variant's set-up lock and how many threads hold it or wait for it (guarded by the owner's lock)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
 
 
 class PristineSandboxes:
@@ -69,7 +78,9 @@ class PristineSandboxes:
         self._leases: dict[str, int] = {}  # spec key -> sandboxes out
         self._specs: dict[str, SandboxSpec] = {}  # task id -> spec (sandbox_spec() may build an image)
         self._pristine: OrderedDict[tuple[str, int, str], SnapshotRef] = OrderedDict()
-        self._variant_locks: dict[tuple[str, int, str], threading.Lock] = {}
+        # Only variants someone holds or waits for: an entry leaves with its last user, so the map
+        # stays as small as the concurrency and no lock is ever dropped while it is handed out.
+        self._variant_locks: dict[tuple[str, int, str], _VariantLock] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._min_size = 0  # the least ``max_size`` of a pool: what ``warm`` was asked for, plus spares
@@ -209,14 +220,24 @@ class PristineSandboxes:
             key = pool.spec.key()
             self._leases[key] = max(self._leases.get(key, 1) - 1, 0)
 
-    def _variant_lock(self, key: tuple[str, int, str]) -> threading.Lock:
+    @contextlib.contextmanager
+    def _variant_lock(self, key: tuple[str, int, str]) -> Iterator[None]:
+        """Hold ``key``'s set-up lock. Why counted, not pruned: a lock must stay in the map from the
+        moment it is handed out until its last user lets go, or a second thread gets a new lock for
+        the same variant and both set it up at once."""
         with self._lock:
-            lock = self._variant_locks.get(key)
-            if lock is None:
-                if len(self._variant_locks) > 4 * MAX_PRISTINE:  # unused locks of old variants
-                    self._variant_locks = {k: v for k, v in self._variant_locks.items() if v.locked()}
-                lock = self._variant_locks[key] = threading.Lock()
-            return lock
+            entry = self._variant_locks.get(key)
+            if entry is None:
+                entry = self._variant_locks[key] = _VariantLock()
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield
+        finally:
+            with self._lock:
+                entry.users -= 1
+                if entry.users == 0:
+                    del self._variant_locks[key]
 
     def _cached(self, key: tuple[str, int, str]) -> SnapshotRef | None:
         with self._lock:

@@ -57,3 +57,86 @@ def test_warm_starts_each_image_once_to_the_concurrency_and_makes_room_for_it() 
         assert sandboxes._leases == {pools[0].spec.key(): 0, pools[1].spec.key(): 0}, "warming leases nothing"
     finally:
         sandboxes.close()
+
+
+class SnapshottingSandbox(FakeSandbox):
+    def snapshot(self, kind: object = None, *, tag: str | None = None) -> object:
+        from sandboxes.types import SnapshotKind, SnapshotRef
+
+        return SnapshotRef(f"snap-{self.id}", SnapshotKind.FAST, "fake", self.spec.image, f"/nowhere/{self.id}", self.spec)
+
+
+class RestoringBackend(FakeBackend):
+    def create(self, spec: SandboxSpec) -> FakeSandbox:
+        self.made.append(SnapshottingSandbox(f"sb{next(self._ids)}", spec))
+        return self.made[-1]
+
+    def restore(self, ref: object) -> FakeSandbox:
+        return self.create(ref.spec)  # type: ignore[attr-defined]
+
+
+class CountingTask(FakeTask):
+    """Setup that records, per variant, how many set-ups run at once."""
+
+    def __init__(self) -> None:
+        super().__init__("a/lock", "img:1")
+        import threading
+
+        self._guard = threading.Lock()
+        self.running: dict[int, int] = {}
+        self.overlaps: list[int] = []
+        self.setups = 0
+
+    def setup(self, sandbox: object, variant: object) -> None:
+        import time
+
+        seed = variant.seed  # type: ignore[attr-defined]
+        with self._guard:
+            self.running[seed] = self.running.get(seed, 0) + 1
+            self.setups += 1
+            if self.running[seed] > 1:
+                self.overlaps.append(seed)
+        time.sleep(0.002)
+        with self._guard:
+            self.running[seed] -= 1
+
+
+def test_one_setup_per_variant_at_a_time_even_when_the_lock_map_is_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many threads, many variants, a tiny lock map and snapshot cache (so locks are pruned and variants set
+    up again all the time): two set-ups of one variant must never overlap, and no lock outlives its users."""
+    import random
+    import sys
+    import threading
+    from types import SimpleNamespace
+
+    import rollout.pristine as pristine
+
+    monkeypatch.setattr(pristine, "MAX_PRISTINE", 1)  # prune the lock map past 4 entries; cache 1 snapshot
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    task = CountingTask()
+    sandboxes = PristineSandboxes(RestoringBackend(), pool_size=0)  # type: ignore[arg-type]
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        rng = random.Random(n)
+        try:
+            for _ in range(60):
+                lease = sandboxes.acquire(task, SimpleNamespace(seed=rng.randrange(12)))  # type: ignore[arg-type]
+                sandboxes.release(lease)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        sys.setswitchinterval(old_interval)
+        sandboxes.close()
+    assert not errors, errors[0]
+    assert task.setups > 100  # the cache of one snapshot makes most acquires set up again
+    assert task.overlaps == [], f"variants set up twice at once: {sorted(set(task.overlaps))}"
+    assert sandboxes._variant_locks == {}, "a lock outlived every user of its variant"
