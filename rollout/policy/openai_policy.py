@@ -41,9 +41,12 @@ exponential backoff and jitter; anything else, or the last failure, raises
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -53,8 +56,27 @@ from transformers import PreTrainedTokenizerBase
 from rollout.policy.types import FinishReason, Generation, PolicyError, Prompt, SamplingParams, ThinkingBudget
 from rollout.tokenizer import EOT
 
+log = logging.getLogger(__name__)
+
 _RETRY_STATUS = frozenset({408, 409, 429})
 _EXTENSIONS = {"return_token_ids": True, "return_tokens_as_token_ids": True, "include_stop_str_in_output": True}
+
+
+
+async def _close_with_loop(client: openai.AsyncOpenAI) -> AsyncGenerator[None, None]:
+    """Yields once; closing it (``aclose``, or the loop's shutdown of its async generators) closes ``client``."""
+    try:
+        yield
+    finally:
+        if not client.is_closed():
+            try:
+                await client.close()
+            except Exception as exc:  # noqa: BLE001 - a close that fails leaves nothing to do
+                log.debug("closing an OpenAI client failed: %s: %s", type(exc).__name__, exc)
+
+
+async def _aclose(closer: AsyncGenerator[None, None]) -> None:
+    await closer.aclose()
 
 
 class OpenAIPolicy:
@@ -103,7 +125,11 @@ class OpenAIPolicy:
         self.extra_body = dict(extra_body or {})
         self.name = name or f"openai:{model}@{self.base_url}"
         self._version = int(version)
-        self._clients: dict[int, openai.AsyncOpenAI] = {}
+        # The client of the loop that last asked, that loop (weakly: an id can be reused by a new
+        # loop), and the async generator that closes the client when that loop shuts down.
+        self._client_now: openai.AsyncOpenAI | None = None
+        self._client_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        self._client_closer: AsyncGenerator[None, None] | None = None
         self._rng = random.Random()
         self.attempts = 0  # requests sent, retries included (for metrics and tests)
 
@@ -116,24 +142,52 @@ class OpenAIPolicy:
         self._version = int(version)
 
     def _client(self) -> openai.AsyncOpenAI:
-        # An httpx pool belongs to the event loop that opened it: one client per loop.
-        loop = id(asyncio.get_running_loop())
-        client = self._clients.get(loop)
-        if client is None:
-            client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s, max_retries=0)
-            self._clients = {loop: client}
+        """The client of the running loop. An httpx pool belongs to the loop that opened it, so a new
+        loop gets a new client, and every client is closed in its own loop: the one replaced at once
+        (it is closed when that loop runs next, or as it shuts down), the current one when its loop
+        shuts down (``asyncio.run`` closes async generators first) or on ``aclose``."""
+        loop = asyncio.get_running_loop()
+        if self._client_now is not None and self._client_loop is not None and self._client_loop() is loop:
+            return self._client_now
+        self._retire()
+        client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s, max_retries=0)
+        closer = _close_with_loop(client)
+        step = closer.__anext__()  # registers the generator with this loop (its shutdown will close it)
+        with contextlib.suppress(StopIteration):
+            step.send(None)  # type: ignore[attr-defined]  # runs it to its ``yield``: nothing before it awaits
+        self._client_now, self._client_loop, self._client_closer = client, weakref.ref(loop), closer
         return client
 
+    def _retire(self) -> None:
+        """Close the current client in its own loop (which is not the running one, or is shutting down)."""
+        client, ref, closer = self._client_now, self._client_loop, self._client_closer
+        self._client_now = self._client_loop = self._client_closer = None
+        if client is None or client.is_closed():
+            return
+        loop = ref() if ref is not None else None
+        if loop is None or loop.is_closed():
+            # Closed without shutting down its async generators: its sockets can no longer be closed
+            # through it; they go with the garbage collector.
+            log.debug("%s: the event loop of a replaced client is gone; its connections close with it", self.name)
+            return
+        assert closer is not None
+        asyncio.run_coroutine_threadsafe(_aclose(closer), loop)
+
     def __getstate__(self) -> dict[str, Any]:
-        # Sent to Ray workers: the clients (sockets, their loop) stay behind; each process opens its own.
+        # Sent to Ray workers: the client (sockets, its loop) stays behind; each process opens its own.
         state = dict(self.__dict__)
-        state["_clients"] = {}
+        state.update(_client_now=None, _client_loop=None, _client_closer=None)
         return state
 
     async def aclose(self) -> None:
-        for client in self._clients.values():
-            await client.close()
-        self._clients = {}
+        """Close the client (call it from the loop that uses the policy); a later call opens a new one."""
+        loop = asyncio.get_running_loop()
+        ref, closer = self._client_loop, self._client_closer
+        if closer is not None and ref is not None and ref() is loop:
+            self._client_now = self._client_loop = self._client_closer = None
+            await _aclose(closer)
+        else:
+            self._retire()
 
     # ------------------------------------------------------------ transport
 
