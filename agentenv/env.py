@@ -11,8 +11,11 @@ out), so the env stays the same whichever harness a model is trained through.
 * ``step(action)`` parses the output through the harness and executes each
   call as a canonical intent. Malformed output -- including the random text
   ``gymnasium.utils.env_checker.check_env`` sends -- is data: it comes back as
-  the harness's tool-error message, never as an exception. A turn with no tool
-  call gets a short reminder and does not end the episode.
+  the harness's tool-error message, never as an exception. A turn is read as
+  the rollout's episode runner reads it, through the harness's ``turn_intents``
+  when it has one: on a harness whose episodes end with a turn of plain text
+  (Claude Code, Codex, Kimi) that turn submits its text as the answer. Elsewhere
+  a turn with no tool call gets a short reminder and does not end the episode.
 * Reward is 0 until the episode ends. It ends *terminated* when the agent
   submits, *truncated* when it runs out of turns or wall time (Gymnasium's
   distinction: truncation is a limit of the experiment, not an outcome of the
@@ -43,7 +46,7 @@ from gymnasium.spaces import Text
 
 from agentenv.errors import BackendNotFound, EpisodeStateError, HarnessNotFound, did_you_mean
 from agentenv.intent_exec import EpisodeState, IntentExecutor
-from agentenv.intents import Harness, Intent, IntentResult, ParseError, RenderedPrompt
+from agentenv.intents import Harness, Intent, IntentResult, ParsedTurn, ParseError, RenderedPrompt
 from agentenv.types import Episode, Task, Variant, VerifierResult
 from sandboxes.errors import SandboxError
 from sandboxes.types import Sandbox, SandboxBackend
@@ -227,18 +230,25 @@ class TaskEnv(gymnasium.Env[str, str]):
     def _act(self, action: str | Mapping[str, Any]) -> list[str]:
         assert self._executor is not None
         turn = self.harness.parse(action if isinstance(action, (str, Mapping)) else str(action))
-        texts = [message_text(self.harness.format_error(err)) for err in turn.errors]
-        for call in turn.calls:
-            intent = self.harness.to_intent(call)
-            if isinstance(intent, ParseError):
-                texts.append(message_text(self.harness.format_error(intent)))
+        texts: list[str] = []
+        for item in self._intents(turn):
+            if isinstance(item, ParseError):
+                texts.append(message_text(self.harness.format_error(item)))
                 continue
-            texts.append(message_text(self.harness.format_result(self._execute(intent))))
+            texts.append(message_text(self.harness.format_result(self._execute(item))))
             if self._state.submitted:
                 break  # nothing after a submit runs: the episode is over
         if not texts:
             texts.append(NO_CALL_REMINDER)
         return texts
+
+    def _intents(self, turn: ParsedTurn) -> list[Intent | ParseError]:
+        """The turn's intents then its errors, as ``rollout.episode`` takes them: the harness's own
+        ``turn_intents`` where it has one (a plain text turn is its ``submit``), else each call mapped."""
+        turn_intents = getattr(self.harness, "turn_intents", None)
+        if callable(turn_intents):
+            return list(turn_intents(turn))
+        return [self.harness.to_intent(c) for c in turn.calls] + list(turn.errors)
 
     def _execute(self, intent: Intent) -> IntentResult:
         assert self._executor is not None

@@ -88,3 +88,25 @@ def test_turn_limit_truncates_and_grades(env: TaskEnv) -> None:
     _, reward, terminated, truncated, info = env.step(call("sh", command="true"))
     assert truncated and not terminated and reward == 0.0 and info["status"] == "truncated"
     assert "verifier" in info
+
+
+def test_a_final_text_turn_submits_through_claude_code() -> None:
+    """As in the rollout: Claude Code has no submit tool; a turn with no tool call ends the episode."""
+    from agentenv.env import make
+
+    backend = FakeBackend()
+    env = make(EchoNumber(), harness="claude_code", backend=backend)
+    try:
+        env.reset(seed=2)
+        root = env.sandbox.spec.workdir  # type: ignore[union-attr]
+        action = {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "Read", "arguments": f'{{"file_path": "{root}/number.txt"}}'}}]}
+        obs, reward, terminated, truncated, _ = env.step(action)  # type: ignore[arg-type]
+        assert not terminated and not truncated
+        n = obs.split("\t", 1)[1].strip()  # cat -n style: "     1\t<n>"
+        obs, reward, terminated, truncated, info = env.step(n)
+        assert terminated and not truncated and info["status"] == "submitted", (obs, info)
+        assert reward == 1.0 and info["verifier"]["passed"]
+    finally:
+        env.close()
+    assert backend.open_count() == 0
