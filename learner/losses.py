@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from learner.errors import LearnerConfigError
 from learner.types import Aggregation, ISCorrection, LossConfig, LossOutput, LossVariant
 
 __all__ = ["importance_weights", "kl_penalty", "policy_loss", "segment_sum"]
@@ -133,7 +134,7 @@ def policy_loss(
     kl_BT = zeros_BT
     if cfg.kl_coef > 0.0:
         if ref_logp_BT is None:
-            raise ValueError("policy_loss: LossConfig.kl_coef > 0 needs ref_logp_BT, got None")
+            raise LearnerConfigError(f"policy_loss: ref_logp_BT: LossConfig.kl_coef={cfg.kl_coef} > 0 needs it, got None")
         kl_BT = torch.where(on_BT, kl_penalty(logp_BT, ref_logp_BT, cfg.kl_estimator), zeros_BT)
         loss_tok_BT = loss_tok_BT + cfg.kl_coef * kl_BT
 

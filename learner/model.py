@@ -49,6 +49,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from learner.errors import CheckpointNotFound, LearnerConfigError, UnsupportedModel
+
 __all__ = [
     "VARLEN_ATTENTION",
     "PolicyModel",
@@ -236,7 +238,7 @@ def linear_token_logprobs(
     ``PolicyModel`` checks.
     """
     if chunk_tokens < 1:
-        raise ValueError(f"linear_token_logprobs: chunk_tokens must be >= 1, got {chunk_tokens}")
+        raise LearnerConfigError(f"linear_token_logprobs: chunk_tokens must be >= 1, got {chunk_tokens}")
     b, t, d = hidden_BTd.shape
     dev = hidden_BTd.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight_Vd.dtype
@@ -337,17 +339,17 @@ def varlen_attention(
     or, called outside it, from the ``position_ids`` transformers passes along.
     """
     if attention_mask is not None:
-        raise ValueError(f"{VARLEN_ATTENTION}: packed rows take no attention mask (boundaries come from "
+        raise LearnerConfigError(f"{VARLEN_ATTENTION}: attention_mask: packed rows take none (boundaries come from "
                          f"position_ids); got a mask of shape {tuple(attention_mask.shape)} -- use sdpa for "
                          "padded batches")
     if dropout or kwargs.get("sliding_window"):
-        raise ValueError(f"{VARLEN_ATTENTION}: no attention dropout or sliding window "
+        raise UnsupportedModel(f"{VARLEN_ATTENTION}: no attention dropout or sliding window "
                          f"(got dropout={dropout}, sliding_window={kwargs.get('sliding_window')})")
     b, h, t, d = query.shape
     current = getattr(_PACKING, "current", None)
     if current is None:
         if kwargs.get("position_ids") is None:
-            raise ValueError(f"{VARLEN_ATTENTION}: needs position_ids to find the packed samples")
+            raise LearnerConfigError(f"{VARLEN_ATTENTION}: position_ids: expected them to find the packed samples, got None")
         current = cu_seqlens_from_positions(kwargs["position_ids"].expand(b, t))
     cu, max_len = current
     scale = float(scaling) if scaling is not None else d ** -0.5
@@ -390,7 +392,7 @@ class PolicyModel(torch.nn.Module):
         """Load a local checkpoint directory; a missing one raises instead of reaching for a hub."""
         where = Path(path)
         if not (where / "config.json").is_file():
-            raise FileNotFoundError(
+            raise CheckpointNotFound(
                 f"PolicyModel.from_pretrained: {str(where)!r} is not a local checkpoint directory "
                 "(expected config.json in it); the learner never downloads models"
             )
@@ -433,7 +435,8 @@ class PolicyModel(torch.nn.Module):
         """
         layers = getattr(self.lm.base_model, "layers", None)
         if layers is None:
-            raise ValueError(f"PolicyModel.compile_layers: {type(self.lm.base_model).__name__} has no .layers")
+            base = type(self.lm.base_model).__name__
+            raise UnsupportedModel(f"PolicyModel.compile_layers: expected a base model with .layers, got {base} without")
         for layer in layers:
             layer.compile(**{"dynamic": True, **compile_kwargs})
         self.compiled = True
@@ -442,8 +445,9 @@ class PolicyModel(torch.nn.Module):
         if getattr(self.lm.config, "_attn_implementation", None) != VARLEN_ATTENTION:
             return nullcontext()
         if attention_mask is not None:
-            raise ValueError(f"PolicyModel: attn_implementation={VARLEN_ATTENTION!r} is for packed rows and takes "
-                             "no attention_mask; load the model with 'sdpa' for padded batches")
+            raise LearnerConfigError(f"PolicyModel: attn_implementation={VARLEN_ATTENTION!r} is for packed rows and takes "
+                             f"no attention_mask, got one of shape {tuple(attention_mask.shape)}; load the model with "
+                             "'sdpa' for padded batches")
         return _packed_rows(*cu_seqlens_from_positions(position_ids_BT))
 
     def logits(
@@ -469,7 +473,7 @@ class PolicyModel(torch.nn.Module):
         head = self.lm.get_output_embeddings()
         softcap = getattr(self.lm.config, "final_logit_softcapping", None)
         if not isinstance(head, torch.nn.Linear) or head.bias is not None or softcap:
-            raise ValueError(f"PolicyModel: chunked logprobs need logits = h @ W^T; {type(self.lm).__name__}'s head "
+            raise UnsupportedModel(f"PolicyModel: chunked logprobs need logits = h @ W^T; {type(self.lm).__name__}'s head "
                              f"is {type(head).__name__} (bias={getattr(head, 'bias', None) is not None}, "
                              f"softcap={softcap})")
         return head.weight

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from learner.errors import LearnerConfigError, ShapeError
 from learner.types import TrainBatch, TrainItem
 
 __all__ = ["first_fit_decreasing", "make_batch", "make_rows", "pack"]
@@ -36,11 +37,11 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     Bins come out in the order they were opened (the longest sample's first).
     """
     if capacity < 1:
-        raise ValueError(f"first_fit_decreasing: capacity must be >= 1, got {capacity}")
+        raise LearnerConfigError(f"first_fit_decreasing: capacity must be >= 1, got {capacity}")
     too_long = [(i, n) for i, n in enumerate(lengths) if n > capacity]
     if too_long:
         i, n = too_long[0]
-        raise ValueError(
+        raise ShapeError(
             f"packing: sample {i} has {n} tokens but a micro-batch holds {capacity} "
             f"(raise micro_batch_tokens to at least {max(n for _, n in too_long)}, or cap episode length)"
         )
@@ -108,7 +109,8 @@ def make_rows(rows: Sequence[Sequence[TrainItem]], pad_to_multiple: int = 1, pad
     flat = [it for row in rows for it in row]
     with_ref = any(it.ref_logprobs is not None for it in flat)
     if with_ref and not all(it.ref_logprobs is not None for it in flat):
-        raise ValueError("make_batch: either every TrainItem carries ref_logprobs or none does")
+        n_ref = sum(it.ref_logprobs is not None for it in flat)
+        raise ShapeError(f"make_batch: ref_logprobs: expected on every TrainItem or on none, got {n_ref} of {len(flat)}")
     longest = max((sum(len(it) for it in row) for row in rows), default=0)
     t = -(-longest // pad_to_multiple) * pad_to_multiple
     starts = [sum(len(r) for r in rows[:i]) for i in range(len(rows))]
@@ -139,7 +141,7 @@ def pack(
     no micro-batch is a lone leftover row (a new shape for compiled code).
     """
     if rows < 1:
-        raise ValueError(f"pack: rows must be >= 1, got {rows}")
+        raise LearnerConfigError(f"pack: rows must be >= 1, got {rows}")
     bins = first_fit_decreasing([len(it) for it in items], max_tokens)
     if not bins:
         return []

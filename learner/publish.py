@@ -21,6 +21,7 @@ from typing import Protocol, runtime_checkable
 
 from transformers import PreTrainedTokenizerBase
 
+from learner.errors import LearnerConfigError
 from learner.model import PolicyModel
 
 __all__ = ["CheckpointPublisher", "WeightPublisher", "latest_version", "version_dir"]
@@ -59,7 +60,7 @@ class CheckpointPublisher:
         self, root: str | os.PathLike[str], *, tokenizer: PreTrainedTokenizerBase | None = None, keep: int = 2
     ) -> None:
         if keep < 1:
-            raise ValueError(f"CheckpointPublisher.keep: expected >= 1, got {keep}")
+            raise LearnerConfigError(f"CheckpointPublisher.keep: expected >= 1, got {keep}")
         self.root = Path(root)
         self.tokenizer = tokenizer
         self.keep = keep

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from learner.errors import EmptyBatch
 from learner.metrics import passed
 from learner.model import PolicyModel
 from learner.packing import pack
@@ -84,7 +85,7 @@ def sft_step(
     """One optimizer step of token-mean cross-entropy over every loss token of ``items`` (accumulated)."""
     n_tok = sum(it.num_loss_tokens for it in items)
     if n_tok == 0:
-        raise ValueError("sft_step: the items have no loss tokens")
+        raise EmptyBatch(f"sft_step: items: expected some loss tokens, got {len(items)} items with none")
     model.train()
     optimizer.zero_grad(set_to_none=True)
     total, correct = 0.0, 0.0

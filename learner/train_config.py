@@ -20,8 +20,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from learner.errors import LearnerConfigError
 from learner.types import AdvantageConfig, LossConfig
-from rollout.config import ConfigError, EffortDraw, TaskSelection
+from rollout.config import EffortDraw, TaskSelection
 from rollout.harnesses.rotation import RotationPolicy
 
 __all__ = ["EvalConfig", "ModelConfig", "RLConfig", "SFTConfig", "TrainConfig", "load_train_config"]
@@ -121,7 +122,10 @@ class TrainConfig(_Model):
     def _disjoint(self) -> TrainConfig:
         overlap = [s for s in self.eval.seeds if 0 <= s < self.train_seeds]
         if overlap:
-            raise ValueError(f"eval.seeds overlap the training seeds 0..{self.train_seeds - 1}: {overlap[:5]}")
+            raise LearnerConfigError(
+                f"eval.seeds: expected none of the training seeds 0..{self.train_seeds - 1}, "
+                f"got an overlap: {overlap[:5]}"
+            )
         return self
 
     def run_dir(self) -> Path:
@@ -129,12 +133,12 @@ class TrainConfig(_Model):
 
 
 def load_train_config(path: str | Path, **overrides: Any) -> TrainConfig:
-    """Read and validate a YAML config; errors name the file and the field (``ConfigError``)."""
+    """Read and validate a YAML config; errors name the file and the field (``LearnerConfigError``, a ``ConfigError``)."""
     source = Path(path)
     try:
         data = yaml.safe_load(source.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{source}: {exc}") from exc
+        raise LearnerConfigError(f"{source}: expected a readable YAML file, got {exc}") from exc
     seed = overrides.pop("seed", None)
     data.update({k: v for k, v in overrides.items() if v is not None})
     if seed is not None:  # one number re-seeds the run: model init, seed draws, sampling
@@ -145,4 +149,4 @@ def load_train_config(path: str | Path, **overrides: Any) -> TrainConfig:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"{source.name}: {where}: {first['msg']}") from None
+        raise LearnerConfigError(f"{source.name}: {where}: {first['msg']}") from None

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from learner.errors import CheckpointNotFound, EmptyBatch, LearnerConfigError
 from learner.losses import policy_loss
 from learner.metrics import trajectory_splits
 from learner.model import PolicyModel
@@ -162,11 +163,11 @@ class Trainer:
         batch (saved with checkpoints); default: advanced by ``len(items)``.
         """
         if not items:
-            raise ValueError("Trainer.step: expected at least one TrainItem, got none")
+            raise EmptyBatch("Trainer.step: items: expected at least one TrainItem, got none")
         n_tok = sum(it.num_loss_tokens for it in items)
         n_seq = sum(1 for it in items if it.num_loss_tokens > 0)
         if n_tok == 0:
-            raise ValueError(f"Trainer.step: the {len(items)} items have no loss tokens (all masked)")
+            raise EmptyBatch(f"Trainer.step: items: the {len(items)} items have no loss tokens (all masked)")
         t_start = self._sync()
         micro = pack(items, self.cfg.micro_batch_tokens, pad_to_multiple=self.cfg.pad_to_multiple,
                      rows=self.cfg.rows_per_micro_batch)
@@ -234,7 +235,10 @@ class Trainer:
         self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor, only_BT: torch.Tensor | None
     ) -> torch.Tensor:
         if self.ref_model is None:
-            raise ValueError("Trainer: LossConfig.kl_coef > 0 needs ref_logprobs on the items or a ref_model")
+            raise LearnerConfigError(
+                f"Trainer: ref_model: LossConfig.kl_coef={self.loss_cfg.kl_coef} > 0 needs ref_logprobs on the items "
+                "or a ref_model, got neither"
+            )
         self.ref_model.eval()
         with self._autocast():
             ref_BT, _ = self.ref_model.logprobs(
@@ -277,10 +281,10 @@ class Trainer:
         """Restore weights, optimizer, scheduler, step, data position and RNG states from ``save(path)``."""
         where = Path(path)
         if not (where / _STATE_FILE).is_file():
-            raise FileNotFoundError(f"Trainer.load: {str(where)!r} has no {_STATE_FILE}; expected a Trainer.save dir")
+            raise CheckpointNotFound(f"Trainer.load: {str(where)!r} has no {_STATE_FILE}; expected a Trainer.save dir")
         shards = sorted((where / "model").glob("*.safetensors"))
         if not shards:
-            raise FileNotFoundError(f"Trainer.load: no *.safetensors in {str(where / 'model')!r}")
+            raise CheckpointNotFound(f"Trainer.load: no *.safetensors in {str(where / 'model')!r}")
         with torch.no_grad():
             for shard in shards:  # in place, so tied weights stay tied
                 self.model.lm.load_state_dict(load_file(str(shard), device=str(self.device)), strict=False)

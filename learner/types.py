@@ -26,6 +26,8 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from learner.errors import LearnerConfigError, ShapeError
+
 __all__ = [
     "AdvantageConfig",
     "AdvantageEstimator",
@@ -119,9 +121,9 @@ class LossConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> LossConfig:
         if self.aggregation is Aggregation.CONSTANT and self.norm_length is None:
-            raise ValueError("LossConfig.norm_length: aggregation='constant' needs a fixed length, got None")
+            raise LearnerConfigError("LossConfig.norm_length: aggregation='constant' needs a fixed length, got None")
         if self.mis_low >= self.mis_high:
-            raise ValueError(f"LossConfig: expected mis_low < mis_high, got {self.mis_low} >= {self.mis_high}")
+            raise LearnerConfigError(f"LossConfig: expected mis_low < mis_high, got {self.mis_low} >= {self.mis_high}")
         return self
 
     @classmethod
@@ -206,7 +208,7 @@ class TrainerConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
         if self.schedule != "constant" and self.total_steps is None:
-            raise ValueError(f"TrainerConfig.total_steps: schedule={self.schedule!r} needs total_steps, got None")
+            raise LearnerConfigError(f"TrainerConfig.total_steps: schedule={self.schedule!r} needs total_steps, got None")
         return self
 
 
@@ -232,7 +234,7 @@ class AdvantageConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> AdvantageConfig:
         if self.overlong_max_len is not None and self.overlong_cache_len > self.overlong_max_len:
-            raise ValueError(
+            raise LearnerConfigError(
                 f"AdvantageConfig: overlong_cache_len ({self.overlong_cache_len}) must not exceed "
                 f"overlong_max_len ({self.overlong_max_len})"
             )
@@ -268,9 +270,9 @@ class TrainItem:
             sizes["ref_logprobs"] = len(self.ref_logprobs)
         bad = {k: v for k, v in sizes.items() if v != n}
         if bad:
-            raise ValueError(f"TrainItem {self.sample_id!r}: {n} token ids but lengths {bad}")
+            raise ShapeError(f"TrainItem {self.sample_id!r}: expected {n} entries (one per token id), got lengths {bad}")
         if n < 1:
-            raise ValueError(f"TrainItem {self.sample_id!r}: expected at least one token")
+            raise ShapeError(f"TrainItem {self.sample_id!r}: token_ids: expected at least one token, got 0")
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -52,6 +52,7 @@ from agentenv.types import (
     Variant,
 )
 from agentenv.variants import context, render
+from rollout.errors import UnsupportedTask
 
 USER, UID = "agent", 1000  # the sandbox user every project image has (sandboxes.images)
 TOOL_CALLS_PER_EPISODE = 2
@@ -97,7 +98,10 @@ def run_baseline(
     for task_id in task_ids:
         task = get_task(task_id)
         if not isinstance(task, FolderTask):
-            raise TypeError(f"the baseline runs folder tasks only; {task_id} is {type(task).__name__}")
+            raise UnsupportedTask(
+                f"task_ids: the baseline runs folder tasks only, expected a FolderTask, "
+                f"got {task_id!r} as {type(task).__name__}"
+            )
         tasks.append((task, task.sandbox_spec().image))  # build images before the clock starts
     split = dict.fromkeys(("start", "setup", "oracle", "grade", "remove"), 0.0)
     ok, episodes, failures = 0, 0, []

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agentenv.intents import EFFORT_LEVELS
 from agentenv.types import Domain
+from rollout.errors import ConfigError
 from rollout.harnesses.rotation import RotationPolicy
 from rollout.store import DEFAULT_URL
 
@@ -43,10 +44,6 @@ __all__ = [
     "load_config",
     "parse_config",
 ]
-
-
-class ConfigError(ValueError):
-    """A rollout config file is missing, not YAML, or has invalid fields (each named by its path)."""
 
 
 class _Model(BaseModel):
@@ -79,12 +76,12 @@ class EffortDraw(_Model):
     def _check(self) -> EffortDraw:
         unknown = [lv for lv in self.levels if lv not in EFFORT_LEVELS]
         if unknown:
-            raise ValueError(f"levels: unknown {unknown}; known are {list(EFFORT_LEVELS)}")
+            raise ConfigError(f"levels: unknown {unknown}; known are {list(EFFORT_LEVELS)}")
         if self.weights is not None:
             if len(self.weights) != len(self.levels):
-                raise ValueError(f"weights: need one weight per level ({len(self.levels)}), got {len(self.weights)}")
+                raise ConfigError(f"weights: need one weight per level ({len(self.levels)}), got {len(self.weights)}")
             if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
-                raise ValueError(f"weights: must be >= 0 with a positive sum, got {list(self.weights)}")
+                raise ConfigError(f"weights: must be >= 0 with a positive sum, got {list(self.weights)}")
         return self
 
     def pick(self, episode_index: int) -> str | None:
@@ -112,9 +109,12 @@ class PolicyConfig(_Model):
     @model_validator(mode="after")
     def _check(self) -> PolicyConfig:
         if self.kind == "hf" and not self.checkpoint:
-            raise ValueError("checkpoint: kind 'hf' needs a local checkpoint folder")
+            raise ConfigError("checkpoint: kind 'hf' needs a local checkpoint folder, got none")
         if self.kind == "openai" and not (self.url and self.model):
-            raise ValueError("url/model: kind 'openai' needs both the server url and the model name")
+            raise ConfigError(
+                "url/model: kind 'openai' needs both the server url and the model name, "
+                f"got url={self.url!r}, model={self.model!r}"
+            )
         return self
 
 
@@ -204,7 +204,7 @@ class RolloutConfig(_Model):
     def _seed_count(cls, v: Any) -> Any:
         if isinstance(v, int) and not isinstance(v, bool):
             if v < 1:
-                raise ValueError(f"an int means 'seeds 0..n-1' and must be >= 1, got {v}")
+                raise ConfigError(f"an int means 'seeds 0..n-1' and must be >= 1, got {v}")
             return tuple(range(v))
         return v
 
@@ -212,7 +212,7 @@ class RolloutConfig(_Model):
     @classmethod
     def _unique(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if len(set(v)) != len(v):
-            raise ValueError(f"seeds must be distinct, got {list(v)}")
+            raise ConfigError(f"seeds must be distinct, got {list(v)}")
         return v
 
     @property

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rollout.config import RolloutConfig, StalePolicy, StalenessConfig
+from rollout.errors import ConfigError, StalenessError, WorkerLost
 from rollout.types import Status, Trajectory
 
 if TYPE_CHECKING:
@@ -51,10 +52,6 @@ log = logging.getLogger(__name__)
 LOCALITY_WINDOW = 256  # queued requests scanned for one of a worker's own groups
 
 __all__ = ["RolloutReport", "Scheduler", "WorkerClient", "WorkerLost", "plan_episodes"]
-
-
-class WorkerLost(ConnectionError):
-    """The worker running an episode died (process killed, node lost); the episode must be rerun."""
 
 
 class WorkerClient(Protocol):
@@ -169,7 +166,7 @@ class Scheduler:
         skipped: int = 0,
     ) -> None:
         if not workers:
-            raise ValueError("Scheduler: expected at least one worker, got none")
+            raise ConfigError("Scheduler: workers: expected at least one worker, got none")
         self.workers = list(workers)
         self.store = store
         self.staleness = staleness
@@ -193,7 +190,7 @@ class Scheduler:
     def publish(self, version: int) -> None:
         """The learner has weights ``version``: tell workers, abort episodes now certain to be too stale."""
         if version < self.version:
-            raise ValueError(f"publish: versions only grow, got {version} after {self.version}")
+            raise StalenessError(f"publish: version: versions only grow, expected >= {self.version}, got {version}")
         self.version = version
         for w in self.workers:
             asyncio.ensure_future(w.set_policy_version(version))

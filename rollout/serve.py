@@ -38,6 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
+from rollout.errors import ServeError
 from rollout.harnesses.parsing import extract_text
 from rollout.policy.hf import HFPolicy
 from rollout.policy.types import FinishReason, Generation, PolicyError, Prompt, SamplingParams, ThinkingBudget
@@ -255,7 +256,7 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, *, tim
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
             sock.close()
-            raise RuntimeError(f"agentenv serve: server on {host}:{bound_port} did not start within {timeout_s}s")
+            raise ServeError(f"agentenv serve: server on {host}:{bound_port} did not start within {timeout_s}s")
         time.sleep(0.01)
     try:
         yield f"http://{host}:{bound_port}/v1"

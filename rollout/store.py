@@ -43,6 +43,7 @@ from sqlalchemy.engine import Connection, Engine, RowMapping
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from rollout.errors import StoreError, UnknownFilter
 from rollout.types import TRAINABLE, Sample, Status, Timings, Trajectory, Turn
 
 __all__ = ["DEFAULT_URL", "Base", "Metric", "TrajectoryStore"]
@@ -230,7 +231,7 @@ def _engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     if sa_url.get_backend_name() != "postgresql":
-        raise ValueError(f"TrajectoryStore url: expected sqlite:/// or postgresql+psycopg://, got {url!r}")
+        raise StoreError(f"TrajectoryStore url: expected sqlite:/// or postgresql+psycopg://, got {url!r}")
     return create_engine(sa_url, pool_pre_ping=True)
 
 
@@ -382,7 +383,7 @@ class TrajectoryStore:
         oldest ``size``. Groups come in the order they became complete.
         """
         if size < 1:
-            raise ValueError(f"groups: size must be >= 1, got {size}")
+            raise StoreError(f"groups: size must be >= 1, got {size}")
         where = _where(run_id, task_id, harness, effort, status, domain, min_policy_version)
         stmt = (
             select(_EPS.c.episode_id, _EPS.c.task_id, _EPS.c.seed)
@@ -446,7 +447,7 @@ class TrajectoryStore:
         ``datasets.load_dataset("parquet" | "json", data_files=str(path))``.
         """
         if format not in ("parquet", "jsonl"):
-            raise ValueError(f"export: format must be 'parquet' or 'jsonl', got {format!r}")
+            raise StoreError(f"export: format must be 'parquet' or 'jsonl', got {format!r}")
         _checked(filters)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -539,7 +540,7 @@ _FILTERS = ("run_id", "task_id", "harness", "effort", "status", "domain", "min_p
 def _checked(filters: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(filters) - set(_FILTERS))
     if unknown:
-        raise TypeError(f"unknown trajectory filter(s) {unknown}; expected some of {list(_FILTERS)}")
+        raise UnknownFilter(f"unknown trajectory filter(s) {unknown}; expected some of {list(_FILTERS)}")
     return filters
 
 
@@ -566,7 +567,7 @@ def _where(
         wanted = {status} if isinstance(status, str) else set(status)
         unknown = wanted - set(Status) - {s.value for s in Status}
         if unknown:
-            raise ValueError(f"status filter: expected values of {[s.value for s in Status]}, got {sorted(unknown)}")
+            raise StoreError(f"status filter: expected values of {[s.value for s in Status]}, got {sorted(unknown)}")
         where.append(_EPS.c.status.in_(sorted(Status(s).value for s in wanted)))
     if min_policy_version is not None:
         where.append(_EPS.c.policy_version >= min_policy_version)

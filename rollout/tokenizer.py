@@ -34,6 +34,7 @@ import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from rollout.errors import ConfigError
 VOCAB_SIZE = 4096
 EOT = "<|im_end|>"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", EOT, "<|pad|>")
@@ -168,7 +169,7 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE, cache_dir: str | os.PathLike[s
     '<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n'
     """
     if not 256 + len(SPECIAL_TOKENS) < vocab_size <= 65536:
-        raise ValueError(f"vocab_size must be in (260, 65536], got {vocab_size}")
+        raise ConfigError(f"build_tokenizer: vocab_size must be in (260, 65536], got {vocab_size}")
     root = Path(cache_dir) if cache_dir is not None else _cache_root()
     memo = _LOADED.get((vocab_size, str(root)))
     if memo is not None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from rollout.errors import RecordError
 __all__ = ["TRAINABLE", "Sample", "Status", "Timings", "Trajectory", "Turn"]
 
 
@@ -80,16 +81,16 @@ class Sample:
         try:
             ids = tuple(array(_INT32, self.token_ids))
         except (OverflowError, TypeError) as exc:
-            raise ValueError(f"Sample.token_ids: expected int32 token ids, got {exc}") from exc
+            raise RecordError(f"Sample.token_ids: expected int32 token ids, got {exc}") from exc
         lps = tuple(array(_FLOAT32, self.logprobs))  # rounds to float32, see module docstring
         mask = tuple(int(m) for m in self.loss_mask)
         if not len(ids) == len(lps) == len(mask):
-            raise ValueError(
+            raise RecordError(
                 "Sample: token_ids, logprobs and loss_mask must have one entry per token, "
                 f"got lengths {len(ids)}, {len(lps)}, {len(mask)}"
             )
         if any(m not in (0, 1) for m in mask):
-            raise ValueError("Sample.loss_mask: expected only 0 and 1")
+            raise RecordError(f"Sample.loss_mask: expected only 0 and 1, got {sorted(set(mask) - {0, 1})}")
         object.__setattr__(self, "token_ids", ids)
         object.__setattr__(self, "logprobs", lps)
         object.__setattr__(self, "loss_mask", mask)
@@ -164,21 +165,21 @@ class Trajectory:
 
     def __post_init__(self) -> None:
         if not self.episode_id:
-            raise ValueError("Trajectory.episode_id: expected a non-empty id")
+            raise RecordError(f"Trajectory.episode_id: expected a non-empty id, got {self.episode_id!r}")
         try:
             object.__setattr__(self, "status", Status(self.status))
         except ValueError:
             allowed = ", ".join(s.value for s in Status)
-            raise ValueError(f"Trajectory.status: expected one of {allowed}, got {self.status!r}") from None
+            raise RecordError(f"Trajectory.status: expected one of {allowed}, got {self.status!r}") from None
         if self.created_at.tzinfo is None:
-            raise ValueError("Trajectory.created_at: expected a timezone-aware datetime, got a naive one")
+            raise RecordError("Trajectory.created_at: expected a timezone-aware datetime, got a naive one")
         object.__setattr__(self, "created_at", self.created_at.astimezone(timezone.utc))
         object.__setattr__(self, "samples", tuple(self.samples))
         object.__setattr__(self, "turns", tuple(self.turns))
 
     def _only_sample(self, what: str) -> Sample:
         if len(self.samples) != 1:
-            raise ValueError(
+            raise RecordError(
                 f"Trajectory.{what}: episode {self.episode_id} has {len(self.samples)} samples "
                 "(a non-append-only template splits it); read Trajectory.samples instead"
             )

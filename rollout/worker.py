@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rollout.config import PolicyConfig, RolloutConfig, SamplingConfig
 from rollout.policy.types import Policy, SamplingParams
-from rollout.scheduler import WorkerLost
+from rollout.errors import UnsupportedPolicy, WorkerClosed, WorkerLost
 from rollout.types import Trajectory
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def apply_version(policy: Any, version: int, weights: Any = None) -> Any:
 
     if isinstance(policy, ScriptedPolicy):
         return ScriptedPolicy(version=version)
-    raise TypeError(f"policy {type(policy).__name__} can take neither weights nor a version")
+    raise UnsupportedPolicy(f"policy: expected an object with set_weights or set_version, got {type(policy).__name__}")
 
 
 def build_policy(cfg: PolicyConfig) -> tuple[Policy, Any]:
@@ -155,7 +155,7 @@ class RolloutWorker:
     async def run(self, request: EpisodeRequest) -> Trajectory:
         """One episode; never raises for an episode failure (the trajectory's status says it)."""
         if self._closed:
-            raise RuntimeError(f"worker {self.index} is closed")
+            raise WorkerClosed(f"worker {self.index}: closed, cannot run episode {request.episode_id}")
         if self._pending is not None:  # between episodes: the new weights start with this one
             version, weights = self._pending
             self._pending = None

@@ -1,0 +1,53 @@
+"""The one exception tree of ``learner``.
+
+Every class also inherits the matching built-in, so callers that only know
+Python's own exceptions (``ValueError``, ``FileNotFoundError`` ...) still catch
+them. Messages name the file, the field or the argument, and say what was
+expected and what arrived.
+
+``LearnerConfigError`` is also a ``rollout.errors.ConfigError``: a training
+config embeds rollout settings, and the CLI reports both kinds the same way.
+"""
+
+from __future__ import annotations
+
+from rollout.errors import ConfigError
+
+
+class LearnerError(Exception):
+    """Base of every error raised by ``learner``."""
+
+
+class LearnerConfigError(LearnerError, ConfigError):
+    """A training config file, a config field (``LossConfig.kl_coef`` ...) or an argument is invalid."""
+
+
+class ShapeError(LearnerError, ValueError):
+    """Per-token sequences of one item disagree in length, or items do not fit the batch layout."""
+
+
+class EmptyBatch(LearnerError, ValueError):
+    """A step was given no items, or items with no loss tokens: there is nothing to train on."""
+
+
+class UnsupportedModel(LearnerError, ValueError):
+    """The model's architecture lacks what an option needs (a ``.layers`` stack, a linear head, varlen attention)."""
+
+
+class CheckpointError(LearnerError, OSError):
+    """A checkpoint could not be read or written."""
+
+
+class CheckpointNotFound(CheckpointError, FileNotFoundError):
+    """A checkpoint folder, or a file a checkpoint must hold, is missing (the learner never downloads one)."""
+
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointNotFound",
+    "EmptyBatch",
+    "LearnerConfigError",
+    "LearnerError",
+    "ShapeError",
+    "UnsupportedModel",
+]
