@@ -7,7 +7,9 @@ plays the part of the sandbox's ``/``: the spec's workdir is
 ``sandboxes.local_exec``); file operations act on the directory directly,
 confined to it (see ``sandboxes.local_fs``).
 
-It runs in one of two modes, chosen by probing the host once:
+It runs in one of two modes, chosen by probing the host once
+(``LocalBackend.probe()`` says which and why; falling back to plain mode is
+logged as a warning, never silent):
 
 * **bubblewrap** (``bwrap`` works here): every command gets its own user, pid,
   ipc, uts (and, unless ``spec.network``, network) namespaces. Its ``/`` is a
@@ -67,6 +69,7 @@ Usage::
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
@@ -80,20 +83,24 @@ from sandboxes.local_exec import (
     MARKER_VAR,
     RESERVED_TOP,
     Limits,
+    BwrapProbe,
     bwrap_argv,
-    bwrap_works,
+    probe_bwrap,
     kill_marked,
     run_bounded,
 )
 from sandboxes.local_fs import Confined, copy_tree, remove_tree
 from sandboxes.types import (
     DEFAULT_EXEC_TIMEOUT_S,
+    READ_LIMIT,
     ExecResult,
     FileEntry,
     SandboxSpec,
     SnapshotKind,
     SnapshotRef,
 )
+
+log = logging.getLogger(__name__)
 
 _MIB = 1 << 20
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -204,11 +211,11 @@ class LocalSandbox:
         except OSError as exc:  # the program itself could not be started (plain mode)
             return ExecResult(exit_code=127, stdout="", stderr=f"{argv[0]}: {exc.strerror or exc}\n")
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, *, limit: int | None = None) -> bytes:
         self._check_open()
-        return self._fs.read(path)
+        return self._fs.read(path, limit=READ_LIMIT if limit is None else limit)
 
-    def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         self._check_open()
         self._fs.write(path, data.encode() if isinstance(data, str) else bytes(data), mode)
 
@@ -288,18 +295,32 @@ class LocalSandbox:
 class LocalBackend:
     """Makes ``LocalSandbox`` es under ``root`` (see the module docstring for what they isolate).
 
-    ``use_bwrap``: None probes the host (bubblewrap when it works), True insists
-    (``SpecError`` if it does not work here), False forces plain subprocesses.
+    ``use_bwrap``: None probes the host (bubblewrap when it works, else plain
+    subprocesses with a logged warning), True insists (``SpecError`` naming the
+    probe's reason if it does not work here), False forces plain subprocesses.
+    ``mode_reason`` says in words why this backend runs in the mode it does.
     """
 
     name = "local"
 
+    @staticmethod
+    def probe() -> BwrapProbe:
+        """Whether bubblewrap isolation is available on this host, and why (probed once per process)."""
+        return probe_bwrap()
+
     def __init__(self, root: Path | None = None, *, use_bwrap: bool | None = None) -> None:
-        works = use_bwrap is not False and bwrap_works()
-        if use_bwrap and not works:
-            raise SpecError("use_bwrap=True but bubblewrap cannot create namespaces on this host")
-        self.use_bwrap: bool = works if use_bwrap is None else use_bwrap
+        found = self.probe() if use_bwrap is not False else None
+        if use_bwrap and found is not None and not found.works:
+            raise SpecError(f"use_bwrap: expected a host where bubblewrap works, got: {found.reason}")
+        self.use_bwrap: bool = bool(found and found.works)
         self.isolation: str = ISOLATION_BWRAP if self.use_bwrap else ISOLATION_PLAIN
+        if found is None:
+            self.mode_reason = "plain subprocesses: forced by use_bwrap=False"
+        elif found.works:
+            self.mode_reason = f"bubblewrap: {found.reason}"
+        else:
+            self.mode_reason = f"plain subprocesses, NO isolation: bubblewrap is unavailable ({found.reason})"
+            log.warning("LocalBackend: %s", self.mode_reason)
         self.root = Path(root) if root is not None else default_root()
         self.run_dir = self.root / "runs" / f"{current_run_id()}-{uuid.uuid4().hex[:8]}"
         self.sandboxes_dir = self.run_dir / "sandboxes"

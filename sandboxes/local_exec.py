@@ -134,21 +134,51 @@ def bwrap_argv(
     return args
 
 
+@dataclass(frozen=True)
+class BwrapProbe:
+    """What probing bubblewrap on this host found: ``works``, and ``reason`` in words either way.
+
+    ``reason`` names the cause when it does not work (``bwrap`` not on PATH, or
+    bwrap's own error, e.g. "No permissions to create new namespace"), so a
+    backend that falls back to plain subprocesses can say why.
+    """
+
+    works: bool
+    reason: str
+    bwrap: str | None = None  # the binary probed, when there is one
+
+
+def _probe_bwrap() -> BwrapProbe:
+    bwrap = _which("bwrap")
+    if bwrap is None:
+        return BwrapProbe(False, "bwrap is not on PATH (install the bubblewrap package)")
+    if not os.path.isdir("/usr"):
+        return BwrapProbe(False, "/usr is not a directory on this host: nothing to bind read-only", bwrap)
+    probe = bwrap_argv(fs_root="/nonexistent", top_entries=(), chdir="/", network=False)
+    try:
+        done = subprocess.run([*probe, "/bin/sh", "-c", "exit 0"], capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return BwrapProbe(False, f"running {bwrap} failed: {exc}", bwrap)
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        why = said[-1] if said else "no message"
+        return BwrapProbe(False, f"{bwrap} cannot make the sandbox's namespaces here (exit {done.returncode}: {why})", bwrap)
+    return BwrapProbe(True, f"{bwrap} made user, pid, ipc, uts and network namespaces and a read-only root", bwrap)
+
+
 @functools.cache
-def bwrap_works() -> bool:
-    """Whether bubblewrap can make the namespaces we need on this host (probed once).
+def probe_bwrap() -> BwrapProbe:
+    """Whether bubblewrap can make the namespaces we need on this host, and why (probed once).
 
     It fails inside many containers (no unprivileged user namespaces, seccomp),
     so the answer is measured, not assumed from ``which bwrap``.
     """
-    if _which("bwrap") is None or not os.path.isdir("/usr"):
-        return False
-    probe = bwrap_argv(fs_root="/nonexistent", top_entries=(), chdir="/", network=False)
-    try:
-        done = subprocess.run([*probe, "/bin/sh", "-c", "exit 0"], capture_output=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
+    return _probe_bwrap()
+
+
+def bwrap_works() -> bool:
+    """``probe_bwrap().works``."""
+    return probe_bwrap().works
 
 
 def kill_marked(marker: str) -> int:
@@ -302,4 +332,15 @@ def run_bounded(
     )
 
 
-__all__ = ["MARKER_VAR", "RESERVED_TOP", "TIMEOUT_EXIT_CODE", "Limits", "bwrap_argv", "bwrap_works", "kill_marked", "run_bounded"]
+__all__ = [
+    "MARKER_VAR",
+    "RESERVED_TOP",
+    "TIMEOUT_EXIT_CODE",
+    "BwrapProbe",
+    "Limits",
+    "bwrap_argv",
+    "bwrap_works",
+    "kill_marked",
+    "probe_bwrap",
+    "run_bounded",
+]

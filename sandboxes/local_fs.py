@@ -39,6 +39,7 @@ from sandboxes.errors import (
     PathEscape,
     SandboxError,
     SandboxFileNotFound,
+    SandboxFileTooLarge,
     SandboxLost,
     SandboxPermissionError,
     SpecError,
@@ -116,32 +117,52 @@ class Confined:
 
     # -- operations ---------------------------------------------------------
 
-    def read(self, path: str) -> bytes:
+    def read(self, path: str, *, limit: int) -> bytes:
+        """The bytes of the regular file ``path``; a file over ``limit`` bytes raises ``SandboxFileTooLarge``
+        before anything is read (and one that grows past it while being read, too)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise SpecError(f"sandbox {self.label}: read_file limit must be an int >= 0 (bytes), got {limit!r}")
         parts = self.resolve(path)
         if not parts:
             raise SpecError(f"sandbox {self.label}: {path!r} is a directory, not a file")
         with self._mapped(path), self._dir(parts[:-1], create=False) as dfd:
             fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
             with os.fdopen(fd, "rb") as f:
-                mode = os.fstat(f.fileno()).st_mode
-                if stat.S_ISDIR(mode):
+                st = os.fstat(f.fileno())
+                if stat.S_ISDIR(st.st_mode):
                     raise SpecError(f"sandbox {self.label}: {path!r} is a directory, not a file")
-                if not stat.S_ISREG(mode):
+                if not stat.S_ISREG(st.st_mode):
                     raise SpecError(f"sandbox {self.label}: {path!r} is not a regular file (fifo, socket or device)")
-                return f.read()
+                if st.st_size > limit:
+                    raise SandboxFileTooLarge(self._too_large(path, f"{st.st_size} bytes", limit))
+                data = f.read(limit + 1)
+                if len(data) > limit:  # it grew after the fstat
+                    raise SandboxFileTooLarge(self._too_large(path, f"more than {limit} bytes", limit))
+                return data
 
-    def write(self, path: str, data: bytes, mode: int) -> None:
+    def _too_large(self, path: str, got: str, limit: int) -> str:
+        return (
+            f"sandbox {self.label}: {path!r}: expected at most {limit} bytes (read_file's limit), got {got}; "
+            "nothing was read (pass a larger limit, or read it in parts with a command)"
+        )
+
+    def write(self, path: str, data: bytes, mode: int | None) -> None:
+        """Replace ``path`` atomically. ``mode=None`` keeps an existing file's mode; a new file gets 0644."""
+        if mode is not None and (isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777):
+            raise SpecError(f"sandbox {self.label}: write_file mode must be an int in 0..0o7777 or None, got {mode!r}")
         parts = self.resolve(path)
         if not parts:
             raise SpecError(f"sandbox {self.label}: cannot write to the root directory")
         name = parts[-1]
         tmp = f".{name[:200]}.agentenv-{uuid.uuid4().hex[:8]}"
         with self._mapped(path), self._dir(parts[:-1], create=True) as dfd:
+            if mode is None:
+                mode = self._existing_mode(name, dfd)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
-                    os.fchmod(f.fileno(), mode & 0o7777)
+                    os.fchmod(f.fileno(), mode)
                 os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
             except BaseException:
                 try:
@@ -149,6 +170,19 @@ class Confined:
                 except OSError:
                     pass
                 raise
+
+    @staticmethod
+    def _existing_mode(name: str, dfd: int) -> int:
+        """The permission bits of the regular file ``name`` in ``dfd``, or 0644 for a new one.
+
+        Not following a symlink is safe: ``resolve`` already followed every link
+        in the path, so a link here was swapped in since, and is replaced, not kept.
+        """
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return 0o644
+        return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else 0o644
 
     def makedirs(self, path: str) -> None:
         """Create the directory ``path`` and its parents (no-op if it exists)."""

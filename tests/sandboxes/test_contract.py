@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import pytest
 
-from sandboxes.errors import SandboxFileNotFound, SandboxLost
-from sandboxes.types import ExecResult, Sandbox, SandboxBackend, SandboxSpec, SnapshotKind, SnapshotRef
+from sandboxes.errors import SandboxFileNotFound, SandboxFileTooLarge, SandboxLost
+from sandboxes.types import READ_LIMIT, ExecResult, Sandbox, SandboxBackend, SandboxSpec, SnapshotKind, SnapshotRef
 
 SLACK_S = 5.0  # start-up and transport overhead a deadline may overrun by
 
@@ -83,10 +83,8 @@ def test_stdin_bytes_reach_the_command(sandbox: Sandbox) -> None:
 def test_a_command_that_ignores_its_stdin_neither_blocks_nor_fails(sandbox: Sandbox) -> None:
     big = secrets.token_bytes(1 << 20)
     for cmd in ("true", "exit 5", "head -c 10 >/dev/null"):  # stdin never (fully) read
-        start = time.monotonic()
-        result = sandbox.exec(cmd, stdin=big, timeout=20)
+        result = sandbox.exec(cmd, stdin=big, timeout=20)  # blocked on stdin, it would hit the deadline
         assert result.exit_code == (5 if cmd == "exit 5" else 0) and not result.timed_out, (cmd, result)
-        assert time.monotonic() - start < SLACK_S
     assert _ok(sandbox.exec("echo alive")).stdout == "alive\n"
 
 
@@ -115,17 +113,14 @@ def test_deadline_kills_the_command_and_its_children(
 
 
 def test_a_background_child_holding_stdout_does_not_hold_exec(sandbox: Sandbox) -> None:
-    start = time.monotonic()
+    # the child outlives the deadline: had exec waited for its stdout to close, it would have timed out
     result = sandbox.exec("sleep 30 & echo started", timeout=25)
     assert result.exit_code == 0 and not result.timed_out and result.stdout == "started\n", result
-    assert time.monotonic() - start < SLACK_S
 
 
-def test_output_is_capped_and_a_flood_returns_promptly(sandbox: Sandbox) -> None:
+def test_output_is_capped_and_a_flood_is_drained(sandbox: Sandbox) -> None:
     limit = sandbox.spec.output_limit
-    start = time.monotonic()
-    result = sandbox.exec("yes | head -c 50000000", timeout=60)
-    assert time.monotonic() - start < 30
+    result = sandbox.exec("yes | head -c 50000000", timeout=60)  # how fast: the sandbox bench's output_flood
     assert result.exit_code == 0 and result.truncated and not result.timed_out
     assert 0 < len(result.stdout.encode()) <= limit
     assert result.stdout.startswith("y\ny\ny\n")
@@ -166,6 +161,40 @@ def test_write_creates_parent_dirs_and_applies_mode(sandbox: Sandbox) -> None:
     assert entry.mode & 0o777 == 0o755 and entry.size == len("#!/bin/sh\necho ran\n")
     sandbox.write_file(_w(sandbox, "deep/er/run.sh"), b"replaced")
     assert sandbox.read_file(_w(sandbox, "deep/er/run.sh")) == b"replaced"
+
+
+def _mode(sandbox: Sandbox, rel: str) -> int:
+    path = _w(sandbox, rel)
+    return {e.path: e for e in sandbox.list_files(path.rsplit("/", 1)[0])}[path].mode & 0o7777
+
+
+def test_write_without_mode_keeps_an_existing_files_mode_and_new_files_get_0644(sandbox: Sandbox) -> None:
+    sandbox.write_file(_w(sandbox, "new.txt"), b"new")
+    assert _mode(sandbox, "new.txt") == 0o644
+    sandbox.write_file(_w(sandbox, "tool.sh"), "#!/bin/sh\necho v1\n", mode=0o755)
+    sandbox.write_file(_w(sandbox, "tool.sh"), "#!/bin/sh\necho v2\n")  # an edit keeps the execute bit
+    assert _mode(sandbox, "tool.sh") == 0o755
+    assert _ok(sandbox.exec("./tool.sh")).stdout == "v2\n"
+    _ok(sandbox.exec("printf x > private.txt && chmod 600 private.txt"))  # made by a command, not write_file
+    sandbox.write_file(_w(sandbox, "private.txt"), b"still private")
+    assert _mode(sandbox, "private.txt") == 0o600
+    sandbox.write_file(_w(sandbox, "tool.sh"), b"#!/bin/sh\n", mode=0o640)  # an explicit mode still wins
+    assert _mode(sandbox, "tool.sh") == 0o640
+    assert sandbox.read_file(_w(sandbox, "private.txt")) == b"still private"
+
+
+def test_read_refuses_a_file_over_its_limit_before_reading(sandbox: Sandbox) -> None:
+    sandbox.write_file(_w(sandbox, "ten.bin"), b"0123456789")
+    assert sandbox.read_file(_w(sandbox, "ten.bin"), limit=10) == b"0123456789"  # at the limit is fine
+    with pytest.raises(SandboxFileTooLarge, match="ten.bin") as info:
+        sandbox.read_file(_w(sandbox, "ten.bin"), limit=9)
+    assert isinstance(info.value, OSError) and "9" in str(info.value)
+    # the default cap: a sparse file one byte over READ_LIMIT costs no disk and must not be loaded
+    _ok(sandbox.exec(f"truncate -s {READ_LIMIT + 1} huge.bin"))
+    with pytest.raises(SandboxFileTooLarge, match="huge.bin"):
+        sandbox.read_file(_w(sandbox, "huge.bin"))
+    assert len(sandbox.read_file(_w(sandbox, "huge.bin"), limit=READ_LIMIT + 1)) == READ_LIMIT + 1
+    assert _ok(sandbox.exec("echo alive")).stdout == "alive\n"
 
 
 def test_list_files_sorted_recursive_and_not(sandbox: Sandbox) -> None:
