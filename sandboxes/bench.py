@@ -6,6 +6,8 @@ same image, interleaved in one process, so the ratio survives a noisy machine
 even when absolute times drift.
 
 * ``exec_roundtrip``: ``sandbox.exec("true")`` over the agent channel vs ``exec_run("true")``.
+* ``output_flood``: a command printing 50 MB (``yes | head -c``) capped at the spec's output limit vs
+  ``exec_run`` of the same command, which keeps all of it (a unit test only checks the cap, never the time).
 * ``pool_acquire``: ``pool.acquire()`` from a warm pool vs ``containers.run`` of a fresh container.
 * ``snapshot_restore``: FAST snapshot + restore onto a warm sandbox vs ``commit`` + ``run`` from
   the committed image, after writing 20 files / 1 MB.
@@ -31,6 +33,7 @@ from sandboxes.pool import SandboxPool
 from sandboxes.types import Sandbox, SandboxSpec, SnapshotKind
 
 TARGETS = {"exec_roundtrip": 0.2, "pool_acquire": 0.1, "snapshot_restore": 0.5}
+FLOOD_CMD = "yes | head -c 50000000"
 # 20 files, 1 MB in all
 FILES_ARGV = [
     "python3",
@@ -115,6 +118,7 @@ def run_bench(
     spec = SandboxSpec(image=image)
     base = _Baseline(client, image)
     n_exec, n_start, n_snap, n_cycles = (30, 4, 3, 30) if quick else (200, 10, 6, 200)
+    n_flood = 2 if quick else 5
     metrics: dict[str, Metric] = {}
     pool = SandboxPool(backend, spec, size=8 if not quick else 4, max_size=12)
     try:
@@ -133,6 +137,12 @@ def run_bench(
                 m.ours_s.append(_timed(lambda: sb.exec(["true"])))
             for _ in range(max(n_exec // 4, 10)):
                 m.baseline_s.append(_timed(lambda: bc.exec_run(["true"])))
+
+            progress("output flood (50 MB)")
+            m = metrics["output_flood"] = Metric("output_flood", note="50 MB of stdout: ours capped, baseline whole")
+            for _ in range(n_flood):
+                m.ours_s.append(_timed(lambda: sb.exec(FLOOD_CMD, timeout=120)))
+                m.baseline_s.append(_timed(lambda: bc.exec_run(["sh", "-c", FLOOD_CMD])))
         finally:
             base.remove(bc)
 

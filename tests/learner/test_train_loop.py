@@ -67,4 +67,17 @@ def test_train_end_to_end(tmp_path: Path, base_image: str) -> None:
     assert len({t.episode_id for t in stored}) == len(stored)
     rl = [t for t in stored if "/rl" in t.episode_id]
     assert all(t.samples and t.samples[0].logprobs for t in rl)
-    assert summary["final_version"] >= 0
+    # The rollout policy ended on the learner's last version: versions only grow, by at most one per
+    # RL update, and every episode of a phase ran on the version published before that phase began.
+    versions = [e["version"] for e in summary["evals"]]
+    rl_cfg = TINY["rl"]
+    assert versions == sorted(versions) and versions[0] == 0, versions  # the warm start publishes version 0
+    assert versions[-1] <= rl_cfg["iterations"] * rl_cfg["updates_per_iter"], versions
+    assert summary["final_version"] == versions[-1]
+
+    def ran_on(phase: str) -> set[int]:
+        return {t.policy_version for t in stored if f"/{phase}/" in t.episode_id}
+
+    for i, version in enumerate(versions):
+        assert ran_on(f"eval{i}") == ran_on(f"eval_greedy{i}") == {version}, (i, versions)
+    assert ran_on("rl1") == {versions[0]} and ran_on("rl2") == {versions[1]}, versions

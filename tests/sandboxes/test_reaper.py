@@ -61,10 +61,8 @@ def test_sigkilled_owner_is_reaped_and_live_owner_is_not(docker_client: docker.D
         assert all(records[c[:12]].orphaned for c in dead_ids)
         assert not any(records[c[:12]].orphaned for c in live_ids)
 
-        t0 = time.monotonic()
         removed = gc(docker_client)
         assert {r.id for r in removed} >= {c[:12] for c in dead_ids}
-        assert time.monotonic() - t0 < 60
         assert not any(_exists(docker_client, c) for c in dead_ids), "one gc leaves nothing of a dead owner"
         assert all(_exists(docker_client, c) for c in live_ids), "gc never touches a live owner"
         assert not gc(docker_client, run_id=live_run), "a live run has no orphans"
