@@ -9,18 +9,26 @@ the caller asks for them by run id.
 
 Snapshot images (``docker commit``) are meant to outlive their container, so
 ``gc`` keeps them unless ``images=True``.
+
+``release_disk_mounts`` is the other half: the size-limited layer mounts of
+``sandboxes.disk_limit`` (``disk_mb`` on fuse-overlayfs) whose container is
+gone. ``docker rm`` unmounts them itself, so normally there are none.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import docker
 import docker.errors
 
 from sandboxes import labels as L
 from sandboxes.errors import DaemonUnavailable
+
+if TYPE_CHECKING:
+    from sandboxes.disk_limit import LimitMount
 
 
 @dataclass(frozen=True)
@@ -128,4 +136,17 @@ def gc(
     return removed
 
 
-__all__ = ["SandboxRecord", "gc", "list_sandboxes"]
+def release_disk_mounts(client: docker.DockerClient | None = None, *, dry_run: bool = False) -> list[LimitMount]:
+    """Unmount disk-limit mounts whose container no longer exists; return them.
+
+    Mounts of live containers (any owner's) are never touched. Reading the host's
+    mounts asks the daemon nothing when there are none of ours.
+    """
+    from sandboxes.disk_limit import our_mounts, release_leaked
+
+    if not our_mounts():
+        return []
+    return release_leaked(_client(client), dry_run=dry_run)
+
+
+__all__ = ["SandboxRecord", "gc", "list_sandboxes", "release_disk_mounts"]

@@ -1,4 +1,4 @@
-"""``agentenv sandbox``: list, reap and benchmark sandboxes."""
+"""``agentenv sandbox``: list, reap (sandboxes, disk mounts, snapshot blobs) and benchmark sandboxes."""
 
 from __future__ import annotations
 
@@ -42,20 +42,87 @@ def ls(
     console.print(table)
 
 
+def _duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``30m``, ``12h`` or ``7d``."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    body, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        seconds = float(body) * units[unit]
+    except ValueError:
+        raise typer.BadParameter(f"expected a duration like 7d, 12h, 30m or 90s, got {text!r}") from None
+    if seconds <= 0:
+        raise typer.BadParameter(f"expected a duration > 0, got {text!r}")
+    return seconds
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
 @app.command("gc")
 def gc(
     run_id: str = typer.Option(None, "--run", help="only this run's orphans"),
     images: bool = typer.Option(False, "--images", help="also remove snapshot images of dead owners"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show what would be removed"),
+    snapshots_max_age: str = typer.Option(
+        "7d", "--snapshots-max-age", help="remove FAST-snapshot blobs unused for this long (7d, 12h, 30m, 90s)"
+    ),
+    snapshots_max_gb: float = typer.Option(
+        10.0, "--snapshots-max-gb", help="then remove the least recently used blobs until the rest fit in this"
+    ),
+    snapshots_dir: Path = typer.Option(None, "--snapshots-dir", help="default: ~/.cache/agentenv/snapshots"),
+    keep: list[str] = typer.Option([], "--keep", help="a snapshot blob (digest or path) never to remove; repeatable"),
 ) -> None:
-    """Remove sandboxes whose owning process is gone. Live owners' sandboxes are never touched."""
-    from sandboxes.reaper import gc as reap
+    """Remove sandboxes whose owning process is gone, their leaked disk mounts, and stale snapshot blobs.
 
+    Live owners' sandboxes are never touched; nor is a blob written or read in the last minute.
+    """
+    from sandboxes.errors import SandboxError
+    from sandboxes.reaper import gc as reap
+    from sandboxes.reaper import release_disk_mounts
+    from sandboxes.snapshot_gc import gc_snapshots
+
+    max_age_s = _duration(snapshots_max_age)
+    if snapshots_max_gb < 0:
+        raise typer.BadParameter(f"--snapshots-max-gb: expected >= 0, got {snapshots_max_gb}")
     removed = reap(run_id=run_id, images=images, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     for r in removed:
         console.print(f"{verb} {r.kind} {r.id} {r.name} (run {r.run_id}, owner {r.owner})")
     console.print(f"[bold]{verb} {len(removed)}[/]")
+
+    try:
+        mounts = release_disk_mounts(dry_run=dry_run)
+    except SandboxError as exc:  # not root, say: the rest of gc still runs
+        console.print(f"[yellow]disk-limit mounts not checked: {exc}[/]")
+        mounts = []
+    for m in mounts:
+        console.print(f"{'would unmount' if dry_run else 'unmounted'} leaked disk limit {m.mount_point} ({m.fstype})")
+
+    if snapshots_dir is None:
+        from sandboxes.docker_snapshots import default_snapshot_dir
+
+        snapshots_dir = default_snapshot_dir()
+    report = gc_snapshots(
+        snapshots_dir, max_age_s=max_age_s, max_bytes=int(snapshots_max_gb * (1 << 30)), keep=set(keep), dry_run=dry_run
+    )
+    if report.removed:
+        table = Table(title=f"snapshot blobs {verb} from {report.dir}")
+        for col in ("blob", "size", "unused for", "why"):
+            table.add_column(col, no_wrap=True)
+        why = {"tmp": "unfinished write", "age": f"older than {snapshots_max_age}", "size": f"over {snapshots_max_gb:g} GB"}
+        for b in report.removed:
+            table.add_row(b.name[:16] + ("..." if len(b.name) > 16 else ""), _size(b.size), _age(b.idle_s), why[b.reason])
+        Console(width=max(console.width, 90)).print(table)
+    for err in report.errors:
+        console.print(f"[red]could not remove {err}[/]")
+    console.print(
+        f"[bold]snapshots: {verb} {len(report.removed)} ({_size(report.freed_bytes)}), "
+        f"kept {report.kept_count} ({_size(report.kept_bytes)})[/]"
+    )
 
 
 @app.command("bench")
