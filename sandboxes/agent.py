@@ -7,26 +7,43 @@ requests over its stdin/stdout. A round trip is then two pipe hops, well
 under five milliseconds.
 
 It is stdlib-only and copied into the container before start
-(``/opt/agentenv/agent.py``), so any image with ``python3`` (3.8+) works.
+(``/opt/agentenv/agent.py``, root-owned), so any image with ``python3``
+(3.9+) works.
+
+The trust boundary (see docs/sandboxes.md): the agent runs as root with only
+the capabilities the container was given (SETUID, SETGID, KILL, CHOWN,
+FOWNER, DAC_OVERRIDE), never as the sandbox user. Commands run as the sandbox
+user (``Popen(user=..., group=..., extra_groups=...)``), file operations the
+model asks for run with the sandbox user's effective ids (``seteuid``: the
+real and saved uid stay 0), so the kernel refuses the sandbox user every
+signal, ``ptrace`` and ``/proc/<agent>/fd`` access to this process. Every
+frame after the ``hello`` carries a keyed BLAKE2b MAC over a per-direction
+sequence number, the frame header and the payload; the key arrives in the
+``hello`` over stdin and lives only in this process's memory. Bytes that did
+not come from this process are rejected by the host.
 
 Framing, both directions: ``struct(">IQ")`` = header length, payload length;
-then a UTF-8 JSON header; then the raw payload bytes. Requests carry
-``{"op": ...}``; answers carry ``{"ok": true, ...}`` or
-``{"ok": false, "error": <code>, "message": ...}`` with codes ``not_found``,
-``permission``, ``is_a_directory``, ``not_a_directory``, ``os_error``,
+then a UTF-8 JSON header; then the raw payload bytes; then (after ``hello``)
+a ``MAC_SIZE``-byte tag. Requests carry ``{"op": ...}``; answers carry
+``{"ok": true, ...}`` or ``{"ok": false, "error": <code>, "message": ...}``
+with codes ``not_found``, ``permission``, ``is_a_directory``,
+``not_a_directory``, ``not_regular``, ``too_large``, ``os_error``,
 ``bad_request``, ``internal`` (the client maps them to ``sandboxes.errors``).
 The agent never writes anything unsolicited to stdout: ``sys.stdout`` is
 pointed at stderr so a stray print cannot corrupt the protocol.
 
-What it does NOT protect against: it runs as the sandbox user, so that user
-can kill it (the client then restarts it); the OOM killer prefers the
-command's processes (``oom_score_adj`` 1000) but may still pick the agent.
+What it does NOT protect against: a sandbox user that is root (uid 0: the
+host then marks the sandbox untrusted: no in-place grading, no reset), a
+kernel exploit, and the OOM killer picking the agent (commands get
+``oom_score_adj`` 1000 so it prefers them).
 """
 
 import errno
+import hashlib
 import io
 import json
 import os
+import pwd
 import selectors
 import shutil
 import signal
@@ -38,7 +55,12 @@ import tarfile
 import time
 
 FRAME = struct.Struct(">IQ")
+SEQ = struct.Struct(">Q")
+MAC_SIZE = 16
 CHUNK = 1 << 16
+READ_LIMIT = 64 << 20  # sandboxes.types.READ_LIMIT
+KILL_WINDOW_S = 2.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 MANIFEST_NAME = ".agentenv-snapshot.json"
 POST_EXIT_DRAIN_S = 0.2  # read what background children still write after the command exits
 SHELL = "/bin/sh"  # like LocalBackend: one shell language on every backend; and dash starts fast
@@ -68,9 +90,58 @@ def write_all(fd, data):
         view = view[os.write(fd, view) :]
 
 
+class Session:
+    """What the ``hello`` set: the MAC key, the sandbox user, and the sequence numbers."""
+
+    key = None
+    uid = None
+    gid = None
+    groups = ()
+    env = {}
+    pids_limit = 0
+    recv_seq = 0
+    send_seq = 0
+
+
+def mac(direction, seq, head_frame, payload):
+    h = hashlib.blake2b(key=Session.key, digest_size=MAC_SIZE, person=direction)
+    h.update(SEQ.pack(seq))
+    h.update(head_frame)
+    h.update(payload)
+    return h.digest()
+
+
 def send(fd, header, payload=b""):
     head = json.dumps(header).encode()
-    write_all(fd, FRAME.pack(len(head), len(payload)) + head + payload)
+    frame = FRAME.pack(len(head), len(payload)) + head
+    tag = b""
+    if Session.key is not None:
+        tag = mac(b"answer", Session.send_seq, frame, payload)
+        Session.send_seq += 1
+    write_all(fd, frame + payload + tag)
+
+
+class as_user:
+    """File operations with the sandbox user's effective ids (real and saved uid stay 0).
+
+    The kernel checks file access against the effective (fs) ids, so the model's
+    reads and writes get exactly the sandbox user's permissions and ownership,
+    while signals and ptrace still need a real or saved uid of 0.
+    """
+
+    def __enter__(self):
+        if Session.uid:
+            os.setgroups(list(Session.groups))
+            os.setegid(Session.gid)
+            os.seteuid(Session.uid)
+        return self
+
+    def __exit__(self, *exc):
+        if Session.uid:
+            os.seteuid(0)
+            os.setegid(0)
+            os.setgroups([])
+        return False
 
 
 def oom_kills():
@@ -101,20 +172,96 @@ def prefer_for_oom(pid):
         pass
 
 
-def kill_group(proc):
-    """SIGKILL the command's group until it is empty (a fork bomb keeps adding members).
+def user_processes():
+    """{pid: (ppid, start ticks)} of every process of the sandbox user (zombies left out)."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat("/proc/" + name).st_uid != Session.uid:
+                continue
+            with open("/proc/%s/stat" % name, "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        rest = raw[raw.rindex(b")") + 2 :].split()  # comm may hold spaces and parentheses
+        if rest[0] == b"Z":
+            continue
+        found[int(name)] = (int(rest[1]), int(rest[19]))
+    return found
 
-    The command itself is reaped here; its orphans are reaped by the container's
-    init, so ``killpg`` stops finding the group once every member is gone.
+
+def born_since(start_ticks, procs):
+    """Processes started at or after ``start_ticks`` that no older user process is an ancestor of.
+
+    That is every process the command started, also those it moved to a new session or
+    double-forked away (their parent is then init); a child that an older background job
+    forked meanwhile stays, as does the older job.
     """
-    end = time.monotonic() + 2.0
+    out = []
+    for pid, (ppid, started) in procs.items():
+        if started < start_ticks:
+            continue
+        seen = 0
+        while ppid in procs and seen < 4096:
+            if procs[ppid][1] < start_ticks:
+                break
+            ppid, seen = procs[ppid][0], seen + 1
+        else:
+            out.append(pid)
+    return out
+
+
+def start_ticks_of(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            raw = f.read()
+        return int(raw[raw.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def kill_born_since(proc, start_ticks):
+    """SIGKILL the command's group and everything it started, until none is left (fork bombs)."""
+    end = time.monotonic() + KILL_WINDOW_S
     while time.monotonic() < end:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
-            return
+            pass
         proc.poll()
+        left = born_since(start_ticks, user_processes()) if Session.uid else []
+        if not left and proc.returncode is not None:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         time.sleep(0.002)
+
+
+def runaway_note(start_ticks):
+    """Kill what this command left running when the sandbox is near its pids limit (a fork bomb)."""
+    if not Session.uid or not Session.pids_limit:
+        return b""
+    procs = user_processes()
+    if len(procs) * 2 < Session.pids_limit:
+        return b""
+    victims = born_since(start_ticks, procs) or list(procs)
+    end = time.monotonic() + KILL_WINDOW_S
+    while victims and time.monotonic() < end:
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.002)
+        procs = user_processes()
+        victims = born_since(start_ticks, procs) if len(procs) * 2 >= Session.pids_limit else []
+    return ("\nagentenv: killed %d background processes: the sandbox was at half its pids limit (%d)\n"
+            % (len(procs), Session.pids_limit)).encode()
 
 
 def op_exec(req, payload):
@@ -124,16 +271,18 @@ def op_exec(req, payload):
     if not os.path.isdir(cwd):
         raise Fail("not_found", "working directory %s does not exist" % cwd)
     env = dict(os.environ)
+    env.update(Session.env)
     env.update(req.get("env") or {})
     limit = int(req.get("limit", 1 << 20))
     timeout = float(req.get("timeout", 60.0))
     start = time.monotonic()
     before = oom_kills()
+    ids = {"user": Session.uid, "group": Session.gid, "extra_groups": list(Session.groups)} if Session.uid else {}
     try:
         proc = subprocess.Popen(
             argv, cwd=cwd, env=env, start_new_session=True,
             stdin=subprocess.PIPE if payload else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **ids,
         )
     except OSError as exc:
         code = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
@@ -141,8 +290,13 @@ def op_exec(req, payload):
         return {"ok": True, "exit_code": code, "timed_out": False, "truncated": False,
                 "oom_killed": False, "duration_s": time.monotonic() - start, "stdout_len": 0}, msg
     prefer_for_oom(proc.pid)
-    out = run_io(proc, payload, start + timeout, limit)
+    born = start_ticks_of(proc.pid)
+    born = 0 if born is None else born
+    out = run_io(proc, payload, start + timeout, limit, born)
     timed_out, truncated, bufs = out
+    note = runaway_note(born)
+    if note:
+        bufs[1].extend(note)
     if timed_out:
         exit_code = 124
     else:
@@ -156,7 +310,7 @@ def op_exec(req, payload):
     return header, stdout + stderr
 
 
-def run_io(proc, stdin_data, deadline, limit):
+def run_io(proc, stdin_data, deadline, limit, born):
     """Pump stdin/stdout/stderr until the command is done or its deadline passes."""
     sel = selectors.DefaultSelector()
     wake_r, wake_w = os.pipe()
@@ -185,7 +339,7 @@ def run_io(proc, stdin_data, deadline, limit):
                 break  # a background child keeps the pipe open: stop listening
             if not timed_out and now >= deadline:
                 timed_out = True
-                kill_group(proc)
+                kill_born_since(proc, born)
                 deadline = now + 1.0  # drain what is left, briefly
             elif timed_out and now >= deadline:
                 break
@@ -223,7 +377,7 @@ def run_io(proc, stdin_data, deadline, limit):
                 proc.wait(max(deadline - time.monotonic(), 0.0))
             except subprocess.TimeoutExpired:
                 timed_out = True
-                kill_group(proc)
+                kill_born_since(proc, born)
                 proc.wait()
     finally:
         signal.set_wakeup_fd(old_wakeup)
@@ -237,28 +391,53 @@ def run_io(proc, stdin_data, deadline, limit):
 
 
 def op_read_file(req, payload):
+    """A regular file's bytes, refused before reading when over ``limit`` (a FIFO never blocks)."""
     path = req["path"]
-    if os.path.isdir(path):
-        raise Fail("is_a_directory", "%s is a directory" % path)
-    with open(path, "rb") as f:
-        return {"ok": True}, f.read()
+    limit = int(req.get("limit") or READ_LIMIT)
+    with as_user():
+        if os.path.isdir(path):
+            raise Fail("is_a_directory", "%s is a directory" % path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Fail("not_regular", "%s is not a regular file" % path)
+        if st.st_size > limit:
+            raise Fail("too_large", "%s is %d bytes, over the %d-byte read limit" % (path, st.st_size, limit))
+        os.set_blocking(fd, True)
+        parts, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            parts.append(chunk)
+            left -= len(chunk)
+        data = b"".join(parts)
+        if len(data) > limit:  # grew while we read
+            raise Fail("too_large", "%s grew past the %d-byte read limit" % (path, limit))
+        return {"ok": True}, data
+    finally:
+        os.close(fd)
 
 
 def op_write_file(req, payload):
+    """Create or replace a file as the sandbox user; ``mode`` None keeps an existing file's mode."""
     path = req["path"]
-    mode = int(req.get("mode", 0o644))
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        write_all(fd, payload)
+    mode = req.get("mode")
+    with as_user():
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644 if mode is None else int(mode))
         try:
-            os.fchmod(fd, mode)
-        except PermissionError:
-            pass  # writable but not ours: keep its mode
-    finally:
-        os.close(fd)
+            write_all(fd, payload)
+            if mode is not None:
+                try:
+                    os.fchmod(fd, int(mode))
+                except PermissionError:
+                    pass  # writable but not ours: keep its mode
+        finally:
+            os.close(fd)
     return {"ok": True}, b""
 
 
@@ -268,6 +447,11 @@ def _entry(path, st):
 
 
 def op_list_files(req, payload):
+    with as_user():
+        return _list_files(req)
+
+
+def _list_files(req):
     root = req["path"]
     if not os.path.isdir(root):
         os.stat(root)  # raises not_found / permission
@@ -354,11 +538,49 @@ def _guard(failed, path, fn, *args):
         failed.append("%s: %s" % (path, exc))
 
 
+XATTR_PREFIX = "SCHILY.xattr."
+INTERNAL_XATTRS = ("trusted.overlay.", "user.fuseoverlayfs.", "security.", "system.")
+
+
+def _user_xattrs(path):
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return []
+    return [n for n in names if not n.startswith(INTERNAL_XATTRS)]
+
+
+def sync_xattrs(path, m):
+    """Make ``path``'s extended attributes exactly the member's (an episode's own ones go)."""
+    want = {k[len(XATTR_PREFIX) :]: v for k, v in m.pax_headers.items() if k.startswith(XATTR_PREFIX)}
+    for name in _user_xattrs(path):
+        if name not in want:
+            os.removexattr(path, name, follow_symlinks=False)
+    for name, value in want.items():
+        if not name.startswith(INTERNAL_XATTRS):
+            raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+            os.setxattr(path, name, raw, follow_symlinks=False)
+
+
+def _real_parent(path):
+    """Refuse a member whose parent is reached through a symlink (a write would land elsewhere)."""
+    parent = os.path.dirname(path)
+    if os.path.realpath(parent) != os.path.normpath(parent):
+        raise OSError(errno.ELOOP, "parent of %s is a symlink" % path)
+
+
 def _extract_one(tar, m, path, dir_times):
+    _real_parent(path)
     if m.isdir():
         if not os.path.isdir(path):
             _remove(path)
             os.makedirs(path, mode=0o700)
+        if os.geteuid() == 0:
+            try:
+                os.lchown(path, m.uid, m.gid)
+            except OSError:
+                pass
+        sync_xattrs(path, m)
         dir_times.append((path, m.mode, m.mtime))
         return
     parent = os.path.dirname(path)
@@ -371,6 +593,8 @@ def _extract_one(tar, m, path, dir_times):
         _remove(path)
     if m.issym():
         os.symlink(m.linkname, path)
+        if os.geteuid() == 0:
+            os.lchown(path, m.uid, m.gid)
         return
     if m.islnk():
         os.link("/" + m.linkname.lstrip("/"), path)
@@ -396,6 +620,7 @@ def _extract_one(tar, m, path, dir_times):
         except OSError:
             pass
     os.chmod(path, m.mode)
+    sync_xattrs(path, m)
     os.utime(path, (m.mtime, m.mtime))
 
 
@@ -416,15 +641,52 @@ def op_helper(req, payload):
         ns = {"__name__": "agentenv_helper"}
         exec(compile(payload.decode(), "<helper %s>" % digest[:12], "exec"), ns)  # noqa: S102 - host-shipped code
         _HELPERS[digest] = ns
-    out = ns["run"](req["request"], {os.getpid()})
+    out = ns["run"](dict(req["request"], uid=Session.uid), {os.getpid()})
     return {"ok": True}, json.dumps(out).encode()
 
 
+def op_hello(req, payload):
+    """Set the MAC key and the sandbox user; only ever the first request."""
+    if Session.key is not None:
+        raise Fail("bad_request", "hello after the session started")
+    Session.key = bytes.fromhex(req["key"])
+    user = req.get("user") or {}
+    if os.getuid() == 0 and int(user.get("uid", 0)):
+        Session.uid, Session.gid = int(user["uid"]), int(user["gid"])
+        try:
+            pw = pwd.getpwuid(Session.uid)
+            home, name = pw.pw_dir, pw.pw_name
+            groups = os.getgrouplist(name, Session.gid)
+        except KeyError:
+            home, name, groups = "/", str(Session.uid), [Session.gid]
+        Session.groups = tuple(groups)
+        Session.env = {"HOME": home, "USER": name, "LOGNAME": name}
+    Session.pids_limit = int(req.get("pids_limit") or 0)
+    return {"ok": True}, b""
+
+
+def untrusted_paths():
+    """Paths this process runs from that the sandbox user could change (then no boundary holds)."""
+    out = []
+    if not Session.uid:
+        return out
+    for path in [sys.executable, os.path.abspath(__file__), os.path.dirname(os.path.abspath(__file__))] + sys.path:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid == Session.uid or st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid in Session.groups):
+            out.append(path)
+    return out
+
+
 def op_ping(req, payload):
-    return {"ok": True, "pid": os.getpid(), "uid": os.getuid(), "python": sys.version.split()[0]}, b""
+    return {"ok": True, "pid": os.getpid(), "uid": os.getuid(), "user_uid": Session.uid,
+            "python": sys.version.split()[0], "untrusted_paths": untrusted_paths()}, b""
 
 
 OPS = {
+    "hello": op_hello,
     "ping": op_ping,
     "exec": op_exec,
     "read_file": op_read_file,
@@ -442,6 +704,7 @@ ERRNO_CODES = {
     errno.EROFS: "permission",
     errno.EISDIR: "is_a_directory",
     errno.ENOTDIR: "not_a_directory",
+    errno.ELOOP: "permission",
 }
 
 
@@ -462,6 +725,12 @@ def handle(req, payload):
         return {"ok": False, "error": "internal", "message": repr(exc)}, b""
 
 
+def hmac_equal(a, b):
+    import hmac
+
+    return hmac.compare_digest(a, b)
+
+
 def main():
     out_fd = os.dup(1)
     os.dup2(2, 1)  # stray prints go to stderr, never into the protocol stream
@@ -473,11 +742,20 @@ def main():
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     while True:
         try:
-            head_len, payload_len = FRAME.unpack(read_exact(0, FRAME.size))
-            req = json.loads(read_exact(0, head_len))
+            frame = read_exact(0, FRAME.size)
+            head_len, payload_len = FRAME.unpack(frame)
+            head = read_exact(0, head_len)
             payload = read_exact(0, payload_len)
-        except EOFError:
+            if Session.key is not None:
+                tag = read_exact(0, MAC_SIZE)
+                if not hmac_equal(tag, mac(b"request", Session.recv_seq, frame + head, payload)):
+                    return  # not from the host: stop answering; the host sees EOF
+                Session.recv_seq += 1
+            req = json.loads(head)
+        except (EOFError, ValueError):
             return
+        if Session.key is None and req.get("op") != "hello":
+            return  # the first request must set the key
         header, body = handle(req, payload)
         try:
             send(out_fd, header, body)

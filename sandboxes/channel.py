@@ -7,6 +7,15 @@ exec's stdout and stderr onto the socket with 8-byte stream headers when no
 TTY is used; the reader takes them apart, keeps stdout for the protocol and
 a short tail of stderr for error messages.
 
+The channel is authenticated: ``open`` sends a fresh random key in the
+first frame (``hello``, over the exec's stdin, which only this process and
+the agent hold), and from then on every frame in each direction carries a
+keyed BLAKE2b tag over its direction, a sequence number, header and
+payload. An answer whose tag does not verify (bytes some other process
+managed to write, a replayed or reordered frame) raises ``ChannelForged``:
+the sandbox is then never trusted again. The agent itself runs as root, not
+as the sandbox user (see ``sandboxes.agent``).
+
 Every call has a deadline: the socket timeout is re-armed from it before each
 ``recv``/``send``, so a dead or stuck agent costs at most that long. A closed
 socket or a missed deadline marks the channel broken (``ChannelBroken``); the
@@ -17,7 +26,10 @@ answer are never interleaved with another thread's.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import secrets
 import socket
 import struct
 import threading
@@ -30,6 +42,7 @@ import docker
 from sandboxes.errors import (
     SandboxError,
     SandboxFileNotFound,
+    SandboxFileTooLarge,
     SandboxPermissionError,
     SpecError,
 )
@@ -37,6 +50,8 @@ from sandboxes.errors import (
 AGENT_DIR = "/opt/agentenv"
 AGENT_PATH = AGENT_DIR + "/agent.py"
 FRAME = struct.Struct(">IQ")
+SEQ = struct.Struct(">Q")
+MAC_SIZE = 16  # sandboxes.agent.MAC_SIZE
 STREAM_HEADER = struct.Struct(">BxxxL")
 STDERR_TAIL = 4096
 
@@ -44,6 +59,7 @@ ERROR_CLASSES: Mapping[str, type[SandboxError]] = {
     "not_found": SandboxFileNotFound,
     "permission": SandboxPermissionError,
     "bad_request": SpecError,
+    "too_large": SandboxFileTooLarge,
 }
 
 
@@ -53,6 +69,18 @@ class ChannelBroken(Exception):
     def __init__(self, message: str, *, timed_out: bool = False) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+
+
+class ChannelForged(ChannelBroken):
+    """An answer failed authentication: something other than our agent wrote it."""
+
+
+def _tag(key: bytes, direction: bytes, seq: int, frame: bytes, payload: bytes) -> bytes:
+    h = hashlib.blake2b(key=key, digest_size=MAC_SIZE, person=direction)
+    h.update(SEQ.pack(seq))
+    h.update(frame)
+    h.update(payload)
+    return h.digest()
 
 
 def agent_error(header: Mapping[str, Any], what: str) -> SandboxError:
@@ -72,11 +100,27 @@ class AgentChannel:
         header, payload = ch.call({"op": "ping"}, timeout=5)
     """
 
-    def __init__(self, api: docker.APIClient, container_id: str, *, user: str, python: str = "python3") -> None:
+    def __init__(
+        self,
+        api: docker.APIClient,
+        container_id: str,
+        *,
+        user: str,
+        python: str = "python3",
+        sandbox_user: tuple[int, int] | None = None,
+        pids_limit: int = 0,
+    ) -> None:
+        """``user`` runs the agent (``0:0`` for the trust boundary); ``sandbox_user`` (uid, gid) is who
+        its commands and file operations run as (None: as the agent itself)."""
         self._api = api
         self._container_id = container_id
         self._user = user
         self._python = python
+        self._sandbox_user = sandbox_user
+        self._pids_limit = pids_limit
+        self._key: bytes | None = None
+        self._send_seq = 0
+        self._recv_seq = 0
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._holder: Any = None  # the SDK's socket wrapper; keeps the HTTP response alive
@@ -113,7 +157,16 @@ class AgentChannel:
             self._holder, self._sock = holder, raw
             self._stdout.clear()
             self._stderr_tail.clear()
-            header, _ = self._call_locked({"op": "ping"}, b"", time.monotonic() + timeout)
+            self._key, self._send_seq, self._recv_seq = None, 0, 0
+            deadline = time.monotonic() + timeout
+            key = secrets.token_bytes(32)
+            user = {"uid": self._sandbox_user[0], "gid": self._sandbox_user[1]} if self._sandbox_user else {}
+            hello = {"op": "hello", "key": key.hex(), "user": user, "pids_limit": self._pids_limit}
+            answer, _ = self._call_locked(hello, b"", deadline, key=key)
+            if not answer.get("ok"):
+                self._close_locked()
+                raise ChannelBroken(f"agent refused the hello: {answer.get('message')}")
+            header, _ = self._call_locked({"op": "ping"}, b"", deadline)
             return header
 
     def close(self) -> None:
@@ -133,19 +186,45 @@ class AgentChannel:
     # -- internals (lock held) ------------------------------------------------
 
     def _call_locked(
-        self, header: Mapping[str, Any], payload: bytes, deadline: float
+        self,
+        header: Mapping[str, Any],
+        payload: bytes,
+        deadline: float,
+        *,
+        key: bytes | None = None,
     ) -> tuple[dict[str, Any], bytes]:
+        """One request and its answer; the hello goes untagged and its answer is the first tagged one."""
         try:
             head = json.dumps(header).encode()
-            self._send(FRAME.pack(len(head), len(payload)) + head, deadline)
+            frame = FRAME.pack(len(head), len(payload)) + head
+            self._send(frame, deadline)
             if payload:
                 self._send(payload, deadline)
-            head_len, payload_len = FRAME.unpack(self._read(FRAME.size, deadline))
-            answer = json.loads(self._read(head_len, deadline))
+            if self._key is not None:
+                self._send(_tag(self._key, b"request", self._send_seq, frame, payload), deadline)
+                self._send_seq += 1
+            elif key is not None:
+                self._key = key  # the agent tags from its answer to the hello on
+            raw_frame = self._read(FRAME.size, deadline)
+            head_len, payload_len = FRAME.unpack(raw_frame)
+            raw_head = self._read(head_len, deadline)
             body = self._read(payload_len, deadline)
+            if self._key is not None:
+                tag = self._read(MAC_SIZE, deadline)
+                want = _tag(self._key, b"answer", self._recv_seq, raw_frame + raw_head, body)
+                if not hmac.compare_digest(tag, want):
+                    raise ChannelForged(
+                        f"answer #{self._recv_seq} to {header.get('op')!r} failed authentication: "
+                        "bytes not written by the agent reached the channel"
+                    )
+                self._recv_seq += 1
+            answer = json.loads(raw_head)
         except ChannelBroken:
             self._close_locked()
             raise
+        except (ValueError, struct.error) as exc:
+            self._close_locked()
+            raise ChannelForged(f"answer to {header.get('op')!r} is not a frame of ours: {exc}") from exc
         return answer, body
 
     def _send(self, data: bytes, deadline: float) -> None:
@@ -211,4 +290,4 @@ class AgentChannel:
         self._holder = None
 
 
-__all__ = ["AGENT_DIR", "AGENT_PATH", "AgentChannel", "ChannelBroken", "agent_error"]
+__all__ = ["AGENT_DIR", "AGENT_PATH", "AgentChannel", "ChannelBroken", "ChannelForged", "agent_error"]

@@ -1,11 +1,22 @@
 """Docker sandboxes: hardened containers driven through an in-container agent.
 
 A sandbox is one container whose main process idles (``sleep infinity`` under
-Docker's init, running as cap-less root so the sandbox user cannot kill it).
+Docker's init, running as root so the sandbox user cannot kill it).
 Before start, ``sandboxes/agent.py`` is copied in with ``put_archive``; after
-start ONE ``docker exec`` runs it as the sandbox user, and every command and
-file operation goes through that channel (about 3 ms per command instead of
-tens of ms per ``docker exec``). Images without ``python3`` fall back to a plain
+start ONE ``docker exec`` runs it as root, and every command and file
+operation goes through that channel (about 3 ms per command instead of tens
+of ms per ``docker exec``), executed as the sandbox user.
+
+The trust boundary: the container keeps only the capabilities the agent
+needs to act for the sandbox user (``AGENT_CAPS``: SETUID, SETGID to run
+commands as that user, KILL to end them, CHOWN, FOWNER, DAC_OVERRIDE to
+restore any file on reset). Root's processes are the only ones holding them;
+the sandbox user cannot gain them (``no-new-privileges``: no setuid binary,
+no file capabilities), cannot signal, trace or read the fds of a root
+process, and cannot write the agent's files. The channel is authenticated
+(``sandboxes.channel``): a forged answer marks the sandbox ``compromised``,
+and a compromised or untrusted sandbox (its user is root, or the agent runs
+from paths that user may write) is never reset in place nor graded in place. Images without ``python3`` fall back to a plain
 ``docker exec`` per command (``timeout`` kills the process group) and archive
 calls for files; FAST snapshots then are not available.
 
@@ -13,10 +24,11 @@ Secure by default (each can be loosened only through ``SandboxSpec``):
 network ``none`` unless ``spec.network``; every capability dropped;
 ``no-new-privileges``; pids, memory (swap = 0 extra) and CPU limits; an init
 process; the image's ``agent`` user when it has one. ``spec.disk_mb`` is
-applied with ``storage_opt`` only on drivers that support a per-container
-size (overlay2 on xfs with pquota, btrfs, zfs, devicemapper); on others (this
-host uses fuse-overlayfs) it is ignored with a warning, so a disk quota is
-not a guarantee there. What this does NOT protect against: kernel exploits
+applied with ``storage_opt`` on drivers that support a per-container size
+(overlay2 on xfs with pquota, btrfs, zfs, devicemapper), and on
+fuse-overlayfs by a size-limited filesystem mounted on the container's layer
+directory (``sandboxes.disk_limit``); where neither works the spec is refused
+with ``SpecError``, never accepted silently. What this does NOT protect against: kernel exploits
 (use ``runtime="runsc"`` for a gVisor tier), CPU-time side channels, and
 anything the chosen runtime itself allows.
 """
@@ -40,18 +52,28 @@ import docker
 import docker.errors
 import requests
 
-from sandboxes import labels
-from sandboxes.channel import AGENT_DIR, AGENT_PATH, AgentChannel, ChannelBroken, agent_error
+from sandboxes import disk_limit, labels
+from sandboxes.channel import AGENT_DIR, AGENT_PATH, AgentChannel, ChannelBroken, ChannelForged, agent_error
+from sandboxes.disk_limit import DiskLimit
 from sandboxes.docker_plain import PlainExec
 from sandboxes.errors import (
     DaemonUnavailable,
     ImageNotFound,
     SandboxError,
     SandboxLost,
+    SandboxTampered,
     SandboxTimeout,
     SpecError,
 )
-from sandboxes.types import DEFAULT_EXEC_TIMEOUT_S, ExecResult, FileEntry, SandboxSpec, SnapshotKind, SnapshotRef
+from sandboxes.types import (
+    DEFAULT_EXEC_TIMEOUT_S,
+    READ_LIMIT,
+    ExecResult,
+    FileEntry,
+    SandboxSpec,
+    SnapshotKind,
+    SnapshotRef,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +83,8 @@ FILE_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 30.0
 PYTHON_PATHS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
 QUOTA_DRIVERS = {"overlay2", "btrfs", "zfs", "devicemapper"}
+# What the root agent needs to act for the sandbox user; nothing else (no MKNOD, NET_RAW, SYS_*).
+AGENT_CAPS = ["SETUID", "SETGID", "KILL", "CHOWN", "FOWNER", "DAC_OVERRIDE"]
 _AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_bytes()
 
 T = TypeVar("T")
@@ -121,11 +145,20 @@ class DockerSandbox:
         self.user = facts.default_user(spec)
         self.lineage: tuple[str | None, int] = (None, 0)  # (parent snapshot id, depth)
         self.last_reset_refusal: str | None = None  # why the last ``reset`` refused, for logs and tests
+        self.compromised: str | None = None  # set once an answer failed authentication; never cleared
+        self.disk_limit: DiskLimit | None = None
         self._closed = False
         self._channel: AgentChannel | None = None
         self._plain: PlainExec | None = None
+        uid, gid = facts.ids_of(self.user)
+        self.user_ids = (uid, gid)
+        # No boundary when the sandbox user is root: it could signal and trace the agent.
+        self.untrusted: str | None = "the sandbox user is root" if uid == 0 else None
         if facts.python:
-            self._channel = AgentChannel(backend.client.api, container.id, user=self.user, python=facts.python)
+            self._channel = AgentChannel(
+                backend.client.api, container.id, user="0:0", python=facts.python,
+                sandbox_user=None if uid == 0 else (uid, gid), pids_limit=spec.pids,
+            )
         else:
             self._plain = PlainExec(backend.client.api, container, user=self.user, lost=self._lost)
 
@@ -150,6 +183,11 @@ class DockerSandbox:
     @property
     def has_agent(self) -> bool:
         return self._channel is not None
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the trust boundary holds: an agent the sandbox user cannot reach, never forged."""
+        return self._channel is not None and self.untrusted is None and self.compromised is None
 
     def alive(self) -> bool:
         """True while the container exists and runs."""
@@ -201,14 +239,15 @@ class DockerSandbox:
             oom_killed=bool(head["oom_killed"]),
         )
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, *, limit: int | None = None) -> bytes:
         path = self.resolve(path)
+        cap = READ_LIMIT if limit is None else int(limit)
         if self._plain is not None:
-            return self._plain.read_file(path)
-        _, body = self.agent_call({"op": "read_file", "path": path}, timeout=FILE_TIMEOUT_S)
+            return self._plain.read_file(path, limit=cap)
+        _, body = self.agent_call({"op": "read_file", "path": path, "limit": cap}, timeout=FILE_TIMEOUT_S)
         return body
 
-    def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         path = self.resolve(path)
         raw = data.encode() if isinstance(data, str) else bytes(data)
         if self._plain is not None:
@@ -251,6 +290,8 @@ class DockerSandbox:
             self._container.remove(force=True)
         except (docker.errors.DockerException, requests.exceptions.RequestException):
             pass  # already gone, or the daemon is: the reaper finds it by its labels
+        if self.disk_limit is not None:
+            self.disk_limit.release()  # a no-op after a remove that worked: Docker unmounts it
         self._backend._forget(self)
 
     # -- plumbing used by the backend and the snapshot code ---------------------------
@@ -263,11 +304,24 @@ class DockerSandbox:
         if self._channel is None:
             return
         try:
-            self._channel.open(timeout=START_TIMEOUT_S)
+            ping = self._channel.open(timeout=START_TIMEOUT_S)
+        except ChannelForged as exc:
+            self._mark_compromised(str(exc))
+            raise SandboxTampered(f"sandbox {self.id}: agent start: {exc}") from exc
         except ChannelBroken as exc:
             raise self._lost(f"agent did not start: {exc}") from exc
         except docker.errors.APIError as exc:
             raise self._lost(f"cannot exec the agent: {exc}") from exc
+        if self.untrusted is None and ping.get("untrusted_paths"):
+            self.untrusted = f"the agent runs from paths the sandbox user may write: {ping['untrusted_paths'][:5]}"
+            log.warning("sandbox %s: %s", self.id, self.untrusted)
+        if self.untrusted is None and ping.get("user_uid") != self.user_ids[0]:
+            self.untrusted = f"the agent did not take the sandbox user (uid {ping.get('user_uid')})"
+
+    def _mark_compromised(self, why: str) -> None:
+        if self.compromised is None:
+            self.compromised = why
+            log.warning("sandbox %s is compromised: %s", self.id, why)
 
     def agent_call(
         self, req: Mapping[str, Any], payload: bytes = b"", *, timeout: float, retry: bool = True
@@ -281,10 +335,15 @@ class DockerSandbox:
         if self._closed:
             raise SandboxLost(f"sandbox {self.id} is closed")
         assert self._channel is not None
+        if self.compromised is not None:
+            raise SandboxTampered(f"sandbox {self.id} is compromised ({self.compromised}); it takes no more requests")
         for attempt in (0, 1):
             try:
                 head, body = self._channel.call(req, payload, timeout=timeout)
                 break
+            except ChannelForged as exc:
+                self._mark_compromised(str(exc))
+                raise SandboxTampered(f"sandbox {self.id}: {exc}") from exc
             except ChannelBroken as exc:
                 if not self.alive():
                     raise self._lost(str(exc)) from exc
@@ -424,6 +483,7 @@ class DockerBackend:
             labels=labels.owner_labels(self.run_id),
             network_mode=None if spec.network else "none",
             cap_drop=["ALL"],
+            cap_add=list(AGENT_CAPS),
             security_opt=["no-new-privileges"],
             pids_limit=spec.pids,
             mem_limit=f"{spec.memory_mb}m",
@@ -436,15 +496,24 @@ class DockerBackend:
             kwargs["runtime"] = spec.runtime
         if spec.tmpfs_mb > 0:
             kwargs["tmpfs"] = {"/tmp": f"rw,exec,nosuid,nodev,size={spec.tmpfs_mb}m,mode=1777"}
-        if spec.disk_mb is not None:
-            if self.storage_driver in QUOTA_DRIVERS:
-                kwargs["storage_opt"] = {"size": f"{spec.disk_mb}M"}
-            else:
-                log.warning("disk_mb=%s ignored: storage driver %r has no per-container quota", spec.disk_mb, self.storage_driver)
+        if spec.disk_mb is not None and self.storage_driver in QUOTA_DRIVERS:
+            kwargs["storage_opt"] = {"size": f"{spec.disk_mb}M"}
+        known = self._facts.get(image_obj.id)
+        if known is not None and known.ids_of(known.default_user(spec))[0] == 0:
+            del kwargs["cap_add"]  # a root sandbox user would hold them: no boundary, so no capabilities
         container = daemon_call(f"create {image}", lambda: self.client.containers.create(**kwargs))
+        limit: DiskLimit | None = None
         try:
             facts = self._image_facts(image_obj, container, spec.workdir)
+            if "cap_add" in kwargs and facts.ids_of(facts.default_user(spec))[0] == 0:
+                container.remove(force=True)
+                del kwargs["cap_add"]
+                container = daemon_call(f"create {image}", lambda: self.client.containers.create(**kwargs))
+                facts = self._image_facts(image_obj, container, spec.workdir)
+            if spec.disk_mb is not None and self.storage_driver not in QUOTA_DRIVERS:
+                limit = disk_limit.attach(container, spec.disk_mb)  # SpecError where it cannot be enforced
             sb = DockerSandbox(self, container, spec, facts, base_image=image)
+            sb.disk_limit = limit
             archive = self._prepare_archive(sb)
             daemon_call("put_archive", lambda: container.put_archive("/", archive))
             daemon_call(f"start {name}", container.start)
@@ -455,6 +524,8 @@ class DockerBackend:
                 container.remove(force=True)
             except docker.errors.DockerException:
                 pass
+            if limit is not None:
+                limit.release()
             raise
         with self._lock:
             self._live[sb.id] = sb

@@ -19,7 +19,7 @@ from typing import Any
 
 import docker
 
-from sandboxes.errors import SandboxError, SandboxFileNotFound, SandboxLost, SandboxPermissionError
+from sandboxes.errors import SandboxError, SandboxFileNotFound, SandboxFileTooLarge, SandboxLost, SandboxPermissionError
 from sandboxes.types import ExecResult, FileEntry
 
 GRACE_S = 10.0
@@ -125,12 +125,17 @@ class PlainExec:
             raise SandboxError(f"{path}: {argv[0]} exited {code}: {msg}")
         return out
 
-    def read_file(self, path: str) -> bytes:
-        return self._checked(["cat", "--", path], path)
+    def read_file(self, path: str, *, limit: int) -> bytes:
+        code, out, err, truncated = self.run_raw(["cat", "--", path], limit=limit + 1)
+        if code != 0:
+            return self._checked(["cat", "--", path], path)  # the same error, classified
+        if truncated or len(out) > limit:
+            raise SandboxFileTooLarge(f"{path}: over the {limit}-byte read limit")
+        return out
 
-    def write_file(self, path: str, data: bytes, *, mode: int, owner: tuple[int, int]) -> None:
-        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && { chmod "$2" "$1" 2>/dev/null || true; }'
-        self._checked(["/bin/sh", "-c", script, "sh", path, f"{mode:o}"], path, stdin=data)
+    def write_file(self, path: str, data: bytes, *, mode: int | None, owner: tuple[int, int]) -> None:
+        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && { [ -z "$2" ] || chmod "$2" "$1" 2>/dev/null || true; }'
+        self._checked(["/bin/sh", "-c", script, "sh", path, "" if mode is None else f"{mode:o}"], path, stdin=data)
 
     def list_files(self, path: str, *, recursive: bool) -> list[FileEntry]:
         depth = "" if recursive else "-maxdepth 1"

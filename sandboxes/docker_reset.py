@@ -22,23 +22,32 @@ What ``reset_sandbox`` guarantees when it returns True:
   full diff against the base image (stale identical copies in the upper dir
   are packed again, which restores the same bytes).
 
+Who checks what: the work (kill, clear, restore) is done by the agent, which
+runs as root where the sandbox user cannot reach it; the verdict is the
+host's own (``sandboxes.host_view``): processes from the container's cgroup
+on the host, file state from the overlay upper dir on the host (type, mode,
+owner, content, mtime, symlink target and extended attributes of every
+entry against the base image's), scratch mounts through
+``/proc/<init>/root``, and the agent's own files byte for byte. Only the SysV
+IPC count is the agent's word (the host cannot read another IPC namespace
+without entering it).
+
 It refuses (returns False; the caller destroys the sandbox) when any of
-that cannot be done or checked: no agent or a dead one, an unreadable upper
+that cannot be done or checked: an untrusted or compromised sandbox (its
+user is root, or its channel once failed authentication), no agent or a dead one, an unreadable upper
 or lower dir, a path the sandbox user may not delete or write (a root-owned
 file it replaced, a root-owned directory it modified), a file it may not
 read, a process that survives, a non-empty scratch mount, a SysV IPC object,
 a verification listing too large for one answer, a failed verification, or
 the deadline. Not restored and not checked: hard-link identity between base
-paths (contents are restored, links may become copies), directory mtimes
-where the user does not own the directory, PID numbers, kernel state outside
-the file system (page cache, keyrings) and the container's logs. The agent
-process itself is kept, not restarted: an episode that tampered with it
-(ptrace as the same user, where the kernel allows it) is not detected.
+paths (contents are restored, links may become copies), directory mtimes,
+PID numbers, kernel state outside the file system (page cache, keyrings)
+and the container's logs. The agent process itself is kept, not restarted:
+the sandbox user cannot signal, trace or replace it (docs/sandboxes.md).
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -50,7 +59,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandboxes.docker_snapshots import OPAQUE_MARKERS, WHITEOUT_PREFIX, _is_opaque, _Keep
+from sandboxes.channel import AGENT_DIR, AGENT_PATH
+from sandboxes.docker_snapshots import OPAQUE_MARKERS, WHITEOUT_PREFIX, _is_opaque, _Keep, user_xattrs, xattr_pax
+from sandboxes.host_view import HostView
 
 if TYPE_CHECKING:
     from sandboxes.docker_backend import DockerSandbox
@@ -58,6 +69,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HELPER_SOURCE = Path(__file__).with_name("reset_helper.py").read_bytes()
+AGENT_SOURCE = Path(__file__).with_name("agent.py").read_bytes()
+HOST_SETTLE_S = 2.0  # killed processes leave the cgroup once reaped
 SCRATCH_MOUNTS = ("/dev/shm", "/dev/mqueue")
 DEFAULT_RESET_TIMEOUT_S = 30.0
 
@@ -158,36 +171,63 @@ def _opaque_dir(host: str) -> bool:
     return any(os.path.lexists(os.path.join(host, m)) for m in OPAQUE_MARKERS) or _is_opaque(host)
 
 
-def describe_host(host: str) -> dict[str, Any]:
-    """The attributes the helper reports, for a base entry on the host."""
-    st = os.lstat(host)
-    out: dict[str, Any] = {"type": stat.S_IFMT(st.st_mode), "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid,
-                           "gid": st.st_gid, "size": st.st_size, "mtime": int(st.st_mtime)}
-    if stat.S_ISLNK(st.st_mode):
-        out["link"] = os.readlink(host)
-    elif stat.S_ISREG(st.st_mode):
-        h = hashlib.sha256()
-        with open(host, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        out["sha256"] = h.hexdigest()
-    return out
-
-
-def same_entry(seen: dict[str, Any] | None, base: dict[str, Any]) -> bool:
-    """Byte-identical as far as a fresh container could tell (dirs: type, mode, owner)."""
-    if seen is None or "error" in seen:
-        return False
-    keys = ["type", "mode", "uid", "gid"]
-    if stat.S_ISREG(base["type"]):
-        keys += ["size", "sha256", "mtime"]
-    elif stat.S_ISLNK(base["type"]):
-        keys += ["link"]
-    return all(seen.get(k) == base.get(k) for k in keys)
-
-
 def _agent_live(sb: DockerSandbox) -> bool:
     return not sb._closed and sb.has_agent and sb._channel is not None and sb._channel.is_open
+
+
+def _untrusted(sb: DockerSandbox) -> str | None:
+    if sb.compromised is not None:
+        return f"compromised: {sb.compromised}"
+    if sb.untrusted is not None:
+        return f"no trust boundary: {sb.untrusted}"
+    if not _agent_live(sb):
+        return "no live agent"
+    return None
+
+
+def host_unclean(sb: DockerSandbox, scratch: list[str], deadline: float) -> str | None:
+    """The host's own verdict on processes, scratch mounts and the agent's files, or None when clean."""
+    view = HostView(sb.container)
+    settle = min(deadline, time.monotonic() + HOST_SETTLE_S)
+    left = view.user_processes(0)
+    while left and time.monotonic() < settle:
+        time.sleep(0.01)
+        left = view.user_processes(0)
+    if left:
+        return f"the host sees sandbox-user processes: {[(p.pid, p.state, p.cmd[:60]) for p in left[:10]]}"
+    seen = view.scratch(scratch)
+    if seen is None:
+        return "the host cannot list the scratch mounts"
+    busy = {k: v[:5] for k, v in seen.items() if v}
+    if busy:
+        return f"the host sees scratch mounts not empty: {busy}"
+    return agent_files_changed(sb)
+
+
+def agent_files_changed(sb: DockerSandbox) -> str | None:
+    """Whether the agent's directory is exactly what the host put there (from the upper dir)."""
+    upper = _upper_dir(sb)
+    if upper is None:
+        return None  # not visible here: the files are root's and the user cannot write them
+    top = os.path.join(upper, AGENT_DIR.lstrip("/"))
+    try:
+        names = sorted(n for n in os.listdir(top) if n not in OPAQUE_MARKERS)
+        st_dir, st_file = os.lstat(top), os.lstat(os.path.join(upper, AGENT_PATH.lstrip("/")))
+        with open(os.path.join(upper, AGENT_PATH.lstrip("/")), "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        return f"the agent's files cannot be read on the host: {exc}"
+    if names != [posixpath.basename(AGENT_PATH)] or data != AGENT_SOURCE:
+        return f"the agent's directory changed: {names}"
+    if (st_dir.st_uid, st_file.st_uid) != (0, 0) or stat.S_IMODE(st_file.st_mode) & 0o022:
+        return "the agent's files are no longer root's alone"
+    return None
+
+
+def _upper_dir(sb: DockerSandbox) -> str | None:
+    data = (sb.container.attrs.get("GraphDriver") or {}).get("Data") or {}
+    upper = str(data.get("UpperDir") or "")
+    return upper if upper and os.access(upper, os.R_OK | os.X_OK) else None
 
 
 def _scratch_mounts(sb: DockerSandbox) -> list[str]:
@@ -241,6 +281,7 @@ class Resetter:
     def run(self) -> None:
         first = self.helper({"kill": True, "clear": True, "scratch": self.scratch})
         self._check_clean(first)
+        self._check_host()
         changes = self.sb._backend.snapshots.changes(self.sb)
         deleted_paths, members = self._plan(changes.paths, changes.deleted, changes.opaque)
         if deleted_paths or members:
@@ -252,6 +293,11 @@ class Resetter:
 
     def _check_clean(self, out: dict[str, Any]) -> None:
         why = _unclean(out)
+        if why is not None:
+            raise ResetRefused(why)
+
+    def _check_host(self) -> None:
+        why = host_unclean(self.sb, self.scratch, self.deadline)
         if why is not None:
             raise ResetRefused(why)
 
@@ -296,6 +342,7 @@ class Resetter:
             for path in sorted(members):  # parents sort before their children
                 host = members[path]
                 ti = tar.gettarinfo(host, arcname=path.lstrip("/"))
+                ti.pax_headers.update(xattr_pax(host))
                 if ti.isreg():
                     with open(host, "rb") as f:
                         tar.addfile(ti, f)
@@ -304,26 +351,27 @@ class Resetter:
         return buf.getvalue()
 
     def _verify(self) -> None:
+        """The host's verdict, from the upper dir: every entry there equals the base image's."""
         changes = self.sb._backend.snapshots.changes(self.sb)
         for path in changes.deleted:
             if self.base.lookup(path) is not None:
                 raise ResetRefused(f"base path {path} is still deleted")
-        wanted: dict[str, dict[str, Any]] = {}
         for path in changes.paths:
             host = self.base.lookup(path)
             if host is None:
                 raise ResetRefused(f"{path} is not in the base image but still present")
-            wanted[path] = describe_host(host)
-        out = self.helper({"stat": sorted(wanted), "list": changes.opaque, "scratch": self.scratch})
-        self._check_clean(out)
-        for path, base in wanted.items():
-            if not same_entry(out["stat"].get(path), base):
-                raise ResetRefused(f"{path} differs from the base image: {out['stat'].get(path)} != {base}")
+            up = os.path.join(self.upper, path.lstrip("/"))
+            if not _same_host(up, host, dir_mtime=False):
+                raise ResetRefused(f"{path} differs from the base image (seen on the host)")
+            if user_xattrs(up) != user_xattrs(host):
+                raise ResetRefused(f"{path} has extended attributes the base image does not: {sorted(user_xattrs(up))}")
         for path in changes.opaque:
             names = [n for n in self.base.children(path) if self.keep(posixpath.join(path, n))]
-            seen = out["list"].get(path)
-            if isinstance(seen, dict) or [n for n in seen if self.keep(posixpath.join(path, n))] != names:
+            up = os.path.join(self.upper, path.lstrip("/"))
+            seen = sorted(n for n in os.listdir(up) if n not in OPAQUE_MARKERS and not n.startswith(WHITEOUT_PREFIX))
+            if [n for n in seen if self.keep(posixpath.join(path, n))] != names:
                 raise ResetRefused(f"opaque dir {path} lists {seen}, the base {names}")
+        self._check_host()
 
 
 def _kind(host: str) -> int:
@@ -333,16 +381,19 @@ def _kind(host: str) -> int:
         return -1
 
 
-def _same_host(upper: str, base: str) -> bool:
-    """Cheap pre-check on the host (the verification afterwards reads through the sandbox)."""
+def _same_host(upper: str, base: str, *, dir_mtime: bool = True) -> bool:
+    """Whether an upper-dir entry equals the base's, read on the host: type, mode, owner, content,
+    mtime of files (and of dirs with ``dir_mtime``), symlink target, user extended attributes."""
     try:
         a, b = os.lstat(upper), os.lstat(base)
     except OSError:
         return False
     if (a.st_mode, a.st_uid, a.st_gid) != (b.st_mode, b.st_uid, b.st_gid):
         return False
+    if user_xattrs(upper) != user_xattrs(base):
+        return False
     if stat.S_ISDIR(a.st_mode):
-        return int(a.st_mtime) == int(b.st_mtime)
+        return not dir_mtime or int(a.st_mtime) == int(b.st_mtime)
     if stat.S_ISLNK(a.st_mode):
         return os.readlink(upper) == os.readlink(base)
     if not stat.S_ISREG(a.st_mode) or a.st_size != b.st_size or int(a.st_mtime) != int(b.st_mtime):
@@ -359,16 +410,21 @@ def _same_host(upper: str, base: str) -> bool:
 def quiesce_sandbox(sb: DockerSandbox, timeout: float = DEFAULT_RESET_TIMEOUT_S) -> str | None:
     """Stop everything of the episode but its files, in place; None when done, else why not.
 
-    Every sandbox-user process but the agent is SIGKILLed and reaped, the scratch
-    mounts are emptied, and no SysV IPC object may exist: what is left is the
-    overlay's file state, exactly what a FAST snapshot would carry to a fork
-    (which has no processes, empty scratch mounts and no IPC objects either).
-    Grading in place after this sees what grading in a fork would see.
+    Every sandbox-user process is SIGKILLed and reaped, the scratch mounts are
+    emptied, and no SysV IPC object may exist: what is left is the overlay's
+    file state, exactly what a FAST snapshot would carry to a fork (which has
+    no processes, empty scratch mounts and no IPC objects either). The host
+    checks the processes and scratch mounts itself. Grading in place after
+    this sees what grading in a fork would see.
     """
-    if not _agent_live(sb):
-        return "no live agent"
+    why = _untrusted(sb)
+    if why is not None:
+        return why
+    deadline = time.monotonic() + timeout
+    scratch = _scratch_mounts(sb)
     try:
-        return _unclean(_run_helper(sb, {"kill": True, "clear": True, "scratch": _scratch_mounts(sb)}, timeout))
+        why = _unclean(_run_helper(sb, {"kill": True, "clear": True, "scratch": scratch}, timeout))
+        return why if why is not None else host_unclean(sb, scratch, deadline)
     except Exception as exc:  # noqa: BLE001 - a refusal, never a guess: the caller grades in a fork
         return f"{type(exc).__name__}: {exc}"
 
@@ -377,8 +433,9 @@ def reset_sandbox(sb: DockerSandbox, timeout: float = DEFAULT_RESET_TIMEOUT_S) -
     """Reset ``sb`` in place; True only when every guarantee of this module holds."""
     why: str | None = None
     try:
-        if not _agent_live(sb):
-            raise ResetRefused("no live agent")
+        untrusted = _untrusted(sb)
+        if untrusted is not None:
+            raise ResetRefused(untrusted)
         Resetter(sb, timeout).run()
     except ResetRefused as exc:
         why = str(exc)
@@ -392,4 +449,4 @@ def reset_sandbox(sb: DockerSandbox, timeout: float = DEFAULT_RESET_TIMEOUT_S) -
     return True
 
 
-__all__ = ["DEFAULT_RESET_TIMEOUT_S", "LowerView", "ResetRefused", "quiesce_sandbox", "reset_sandbox"]
+__all__ = ["DEFAULT_RESET_TIMEOUT_S", "LowerView", "ResetRefused", "host_unclean", "quiesce_sandbox", "reset_sandbox"]

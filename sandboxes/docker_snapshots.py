@@ -11,9 +11,13 @@ What each kind captures:
   those), running processes, memory, open sockets.
   The changed paths come from the container's overlay upper directory when
   this process can read it (local daemon, root: a few ms for any image
-  size), else from ``container.diff()`` (the daemon walks the whole image,
-  about 1.5 s on fuse-overlayfs). The agent then tars those paths from
-  inside the container. The blob is stored content-addressed under
+  size), and the host tars them from there itself, user extended attributes
+  included: nothing the sandbox user runs has a say in what a snapshot
+  holds. Where the upper dir is not readable here (a remote daemon), the
+  paths come from ``container.diff()`` (the daemon walks the whole image,
+  about 1.5 s on fuse-overlayfs) and the agent (root, authenticated; see
+  ``sandboxes.agent``) tars them inside the container; a sandbox without
+  the trust boundary then refuses FAST snapshots. The blob is stored content-addressed under
   ``snapshot_dir`` (``<sha256>.tar``). Restore = a pristine container of the
   base image (or a warm one, ``apply``) + the blob; because the restored
   container's upper directory then holds exactly the snapshot's changes,
@@ -63,6 +67,31 @@ MOUNTED_TREES = ("/proc", "/sys", "/dev", AGENT_DIR)
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKERS = (".wh..wh..opq", ".wh..opq")
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque", "user.fuseoverlayfs.opaque")
+# Extended attributes that belong to the overlay or the kernel, never to an episode.
+INTERNAL_XATTRS = ("trusted.overlay.", "user.overlay.", "user.fuseoverlayfs.", "security.", "system.")
+PAX_XATTR = "SCHILY.xattr."
+MAX_SNAPSHOT_BYTES = 1 << 30  # the blob is built in memory: a bigger one (a huge sparse file) is refused
+
+
+def user_xattrs(path: str) -> dict[str, bytes]:
+    """The extended attributes of ``path`` (not followed) that an episode could have set."""
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        if not name.startswith(INTERNAL_XATTRS):
+            try:
+                out[name] = os.getxattr(path, name, follow_symlinks=False)
+            except OSError:
+                continue
+    return out
+
+
+def xattr_pax(path: str) -> dict[str, str]:
+    """``user_xattrs`` as PAX headers (values kept byte-exact through surrogateescape)."""
+    return {PAX_XATTR + k: v.decode("utf-8", "surrogateescape") for k, v in user_xattrs(path).items()}
 
 
 def default_snapshot_dir() -> Path:
@@ -136,11 +165,17 @@ class DockerSnapshots:
         changes = self.changes(sb)
         image_id = sb.facts.image_id
         manifest = {"base_image_id": image_id, "deleted": changes.deleted, "opaque": changes.opaque}
-        head, blob = sb.agent_call(
-            {"op": "pack", "paths": changes.paths, "manifest": manifest}, timeout=PACK_TIMEOUT_S
-        )
-        if head.get("unreadable"):
-            blob = _append_from_archive(sb, blob, head["unreadable"])
+        upper = _readable_upper(sb)
+        if upper is not None:
+            blob = _pack_upper(upper, changes.paths, manifest, sb.id)
+        elif not sb.trusted:
+            raise SnapshotError(f"sandbox {sb.id}: no FAST snapshot without the host's view of its files or a trusted agent")
+        else:
+            head, blob = sb.agent_call(
+                {"op": "pack", "paths": changes.paths, "manifest": manifest}, timeout=PACK_TIMEOUT_S
+            )
+            if head.get("unreadable"):
+                blob = _append_from_archive(sb, blob, head["unreadable"])
         digest = hashlib.sha256(blob).hexdigest()
         path = self.dir / f"{digest}.tar"
         if not path.exists():
@@ -158,9 +193,8 @@ class DockerSnapshots:
 
     def changes(self, sb: DockerSandbox) -> Changes:
         """What differs from the base image: from the overlay upper dir if readable, else ``diff``."""
-        data = (sb.container.attrs.get("GraphDriver") or {}).get("Data") or {}
-        upper = data.get("UpperDir")
-        if upper and os.access(upper, os.R_OK | os.X_OK):
+        upper = _readable_upper(sb)
+        if upper is not None:
             paths, deleted, opaque = _walk_upper(upper)
         else:
             paths, deleted, opaque = [], [], []
@@ -193,8 +227,8 @@ class DockerSnapshots:
             )
         head, _ = sb.agent_call({"op": "unpack"}, blob, timeout=PACK_TIMEOUT_S)
         if head.get("failed"):
-            # Paths the sandbox user may not write (changed by root): the daemon extracts as root.
-            sb.container.put_archive("/", _without_manifest(blob))
+            # The agent unpacks as root: a failure is a broken blob or a full disk, never a permission.
+            raise SnapshotError(f"snapshot {ref.id}: sandbox {sb.id} could not apply {head['failed'][:5]}")
         sb.lineage = (ref.id, ref.depth)
 
     # -- IMAGE -------------------------------------------------------------------------
@@ -265,6 +299,45 @@ class _Keep:
         return not any(path == t or path.startswith(t + "/") for t in self._trees)
 
 
+def _readable_upper(sb: DockerSandbox) -> str | None:
+    data = (sb.container.attrs.get("GraphDriver") or {}).get("Data") or {}
+    upper = data.get("UpperDir")
+    return str(upper) if upper and os.access(upper, os.R_OK | os.X_OK) else None
+
+
+def _pack_upper(upper: str, paths: list[str], manifest: dict[str, Any], sandbox_id: str) -> bytes:
+    """The FAST blob, tarred on the host from the upper dir (the files as the sandbox has them)."""
+    buf = io.BytesIO()
+    total = 0
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        data = json.dumps(manifest).encode()
+        info = tarfile.TarInfo(MANIFEST_NAME)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        for path in sorted(paths):
+            host = os.path.join(upper, path.lstrip("/"))
+            try:
+                ti = tar.gettarinfo(host, arcname=path.lstrip("/"))
+            except FileNotFoundError:
+                continue  # removed since the walk
+            if ti is None:
+                continue  # a socket: nothing a fresh sandbox could hold
+            ti.uname = ti.gname = ""
+            ti.pax_headers.update(xattr_pax(host))
+            if ti.isreg():
+                total += ti.size
+                if total > MAX_SNAPSHOT_BYTES:
+                    raise SnapshotError(f"sandbox {sandbox_id}: snapshot over {MAX_SNAPSHOT_BYTES >> 30} GiB ({path})")
+                try:
+                    with open(host, "rb") as f:
+                        tar.addfile(ti, f)
+                except FileNotFoundError:
+                    continue
+            else:
+                tar.addfile(ti)
+    return buf.getvalue()
+
+
 def _walk_upper(upper: str) -> tuple[list[str], list[str], list[str]]:
     """Changed paths, whiteouts (deleted) and opaque dirs of an overlay upper dir."""
     paths: list[str] = []
@@ -321,13 +394,4 @@ def _append_from_archive(sb: DockerSandbox, blob: bytes, paths: list[str]) -> by
     return out.getvalue()
 
 
-def _without_manifest(blob: bytes) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=io.BytesIO(blob)) as src, tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst:
-        for m in src.getmembers():
-            if m.name != MANIFEST_NAME:
-                dst.addfile(m, src.extractfile(m) if m.isreg() else None)
-    return out.getvalue()
-
-
-__all__ = ["Changes", "DockerSnapshots", "REBASE_AT", "SNAPSHOT_REPOSITORY", "default_snapshot_dir"]
+__all__ = ["Changes", "DockerSnapshots", "REBASE_AT", "SNAPSHOT_REPOSITORY", "default_snapshot_dir", "user_xattrs", "xattr_pax"]

@@ -29,6 +29,14 @@ class SandboxLost(SandboxError, ConnectionError):
     """The sandbox died under us: container killed, removed, or its agent gone."""
 
 
+class SandboxTampered(SandboxLost):
+    """The sandbox can no longer be trusted: an answer on its agent channel failed authentication.
+
+    A subclass of ``SandboxLost`` (the sandbox is unusable), kept apart so callers can
+    record that the episode itself, not the infrastructure, broke it.
+    """
+
+
 class SandboxTimeout(SandboxError, TimeoutError):
     """A non-exec operation (file transfer, snapshot, start) passed its deadline.
 
@@ -62,6 +70,7 @@ class PoolClosed(SandboxError, RuntimeError):
 
 
 __all__ = [
+    "SandboxTampered",
     "SandboxFileTooLarge",
     "DaemonUnavailable",
     "ImageNotFound",

@@ -1,4 +1,4 @@
-"""In-container half of ``DockerBackend.reset``: run as the sandbox user by the agent.
+"""In-container half of ``DockerBackend.reset``: run by the agent (root) for the sandbox user.
 
 Why a separate module and not agent ops: the agent is copied into every
 container and kept small; a reset needs a few things only twice per reset
@@ -20,8 +20,11 @@ the caller's own are removed first), ``stat``
 {"error": ...}) and ``list`` (dir -> sorted names, or {"error": ...}).
 
 It never touches another user's processes: a signal is sent only to
-processes whose real, effective or saved uid is the caller's, and the kernel
-would refuse anything else anyway (the sandbox user has no capabilities).
+processes whose real, effective or saved uid is the sandbox user's (``uid`` in
+the request, set by the agent), never to root's (the container's init, its
+idle main process and the agent itself). Nothing here decides a reset: the
+host checks processes, files and scratch mounts itself afterwards
+(``sandboxes/host_view.py``); this only does the work.
 """
 
 import hashlib
@@ -117,12 +120,19 @@ def remove_ipc(uid):
             if int(row.get(uid_col, -1)) != uid:
                 continue
             ident = int(row[id_col])
-            if kind == "shm":
-                rc = libc.shmctl(ident, IPC_RMID, None)
-            elif kind == "msg":
-                rc = libc.msgctl(ident, IPC_RMID, None)
-            else:
-                rc = libc.semctl(ident, 0, IPC_RMID)
+            as_owner = os.geteuid() == 0  # root without CAP_SYS_ADMIN may not remove another uid's object
+            if as_owner:
+                os.seteuid(uid)
+            try:
+                if kind == "shm":
+                    rc = libc.shmctl(ident, IPC_RMID, None)
+                elif kind == "msg":
+                    rc = libc.msgctl(ident, IPC_RMID, None)
+                else:
+                    rc = libc.semctl(ident, 0, IPC_RMID)
+            finally:
+                if as_owner:
+                    os.seteuid(0)
             if rc != 0:
                 errors.append("%s %d: errno %d" % (kind, ident, ctypes.get_errno()))
     return errors
@@ -164,7 +174,9 @@ def describe(path):
 
 def run(req, skip):
     """The answer to ``req`` (see the module docstring); ``skip`` are pids never to kill or report."""
-    uid = os.getuid()
+    uid = req.get("uid")
+    if not uid:
+        raise ValueError("the sandbox user is root (or unknown): nothing may be killed or cleared for it")
     procs = kill_all(uid, skip) if req.get("kill") else our_processes(uid, skip)
     scratch, scratch_errors = {}, []
     if req.get("clear"):

@@ -48,7 +48,7 @@ class SandboxSpec(BaseModel):
     cpus: float = Field(default=1.0, gt=0, le=256, description="CPU quota in cores")
     memory_mb: int = Field(default=1024, ge=16, description="memory limit (MiB); swap is not added")
     pids: int = Field(default=256, ge=8, description="max processes/threads in the sandbox")
-    disk_mb: int | None = Field(default=None, ge=16, description="writable-layer size where the storage driver supports it")
+    disk_mb: int | None = Field(default=None, ge=16, description="writable-layer size (MiB), enforced or refused (SpecError), never ignored")
     network: bool = Field(default=False, description="give the sandbox a network (off by default)")
     user: str | None = Field(default=None, description="user to run as; None = 'agent' if present")
     workdir: str = Field(default="/workspace", description="absolute working directory, created if missing")

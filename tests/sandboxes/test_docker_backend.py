@@ -103,11 +103,21 @@ def test_exec_round_trip_is_fast(sb: DockerSandbox) -> None:
     print(f"agent exec round trip: median {median * 1000:.2f} ms")
 
 
-def test_agent_killed_by_the_user_is_restarted(sb: DockerSandbox) -> None:
-    r = sb.exec("kill -9 -1")  # kills every process of the sandbox user, the agent included
-    assert r.exit_code == 137
-    assert sb.alive()
+def test_the_sandbox_user_cannot_kill_the_agent(sb: DockerSandbox) -> None:
+    pid = sb.agent_call({"op": "ping"}, timeout=5)[0]["pid"]
+    r = sb.exec("kill -9 -1; kill -STOP -1; echo survived")  # every process the user may signal but itself
+    assert r.stdout == "survived\n"
     assert sb.exec("echo back").stdout == "back\n"
+    assert sb.agent_call({"op": "ping"}, timeout=5)[0]["pid"] == pid  # the same agent, never restarted
+    assert sb.trusted
+
+
+def test_agent_killed_from_outside_is_restarted(sb: DockerSandbox) -> None:
+    sb.container.exec_run(["pkill", "-9", "-f", "/opt/agentenv/agent.py"], user="0:0")
+    r = sb.exec("echo after")  # the first call finds the channel broken and restarts the agent
+    assert r.stdout == "after\n" or r.exit_code == 137
+    assert sb.exec("echo back").stdout == "back\n"
+    assert sb.alive()
 
 
 def test_image_without_python_falls_back_to_plain_exec(

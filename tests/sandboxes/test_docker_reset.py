@@ -163,15 +163,39 @@ def test_reset_restores_a_lower_file_that_was_renamed_over(backend: DockerBacken
         sb.close()
 
 
-def test_reset_refuses_what_the_user_cannot_restore(backend: DockerBackend, layered_image: str) -> None:
+def test_reset_restores_root_files_the_user_changed(backend: DockerBackend, layered_image: str) -> None:
+    # The agent restores as root now: a world-writable root-owned file is put back exactly.
     sb = backend.create(SandboxSpec(image=layered_image))
-    assert sb.exec("echo mine > /etc/agentenv-shared").ok  # world-writable, but root owns it and /etc
-    assert sb.reset() is False
-    assert sb.last_reset_refusal
+    try:
+        before = sb.exec("stat -c '%U %a %s' /etc/agentenv-shared; sha256sum /etc/agentenv-shared").stdout
+        assert sb.exec("echo mine > /etc/agentenv-shared").ok  # world-writable, but root owns it and /etc
+        assert sb.reset(), sb.last_reset_refusal
+        assert sb.exec("stat -c '%U %a %s' /etc/agentenv-shared; sha256sum /etc/agentenv-shared").stdout == before
+    finally:
+        sb.close()
     other = backend.create(SandboxSpec(image=layered_image))
     other.exec("echo x > /workspace/x")
     other.close()
     assert other.reset() is False, "a closed sandbox is never reported reset"
+
+
+def test_reset_refuses_a_compromised_or_root_sandbox(backend: DockerBackend, base_image: str) -> None:
+    sb = backend.create(SandboxSpec(image=base_image))
+    try:
+        sb._mark_compromised("test: an answer failed authentication")
+        assert sb.reset() is False and "compromised" in (sb.last_reset_refusal or "")
+        assert sb.quiesce() is not None
+    finally:
+        sb.close()
+    root = backend.create(SandboxSpec(image=base_image, user="root"))
+    try:
+        assert not root.trusted and root.untrusted
+        assert root.exec("id -u").stdout == "0\n"
+        assert root.reset() is False and "no trust boundary" in (root.last_reset_refusal or "")
+        assert root.exec("cat /proc/1/status | grep -c Cap").ok, "the container's init survives"
+        assert "CapEff:\t0000000000000000" in root.exec("cat /proc/self/status").stdout, "no capabilities for root"
+    finally:
+        root.close()
 
 
 def test_pool_reuses_the_container_and_hands_it_out_clean(backend: DockerBackend, base_image: str) -> None:
