@@ -14,6 +14,16 @@ because the episode cannot go on and the runner records them as its status.
 ``glob`` and ``grep`` run one small Python script inside the sandbox (the base
 image has ``python3``) so a search over a thousand files is one ``exec``, not a
 thousand file transfers; regexes are Python's, close to ripgrep's.
+
+Files are bytes, and a tool must not change bytes it was not asked to change:
+edits decode with ``surrogateescape`` (a Latin-1 byte survives an edit of
+another line), appends work on bytes, and every write keeps the file's mode
+(``write_file(mode=None)``; a moved file keeps its source's), so an edit never
+strips a script's execute bit. A binary file -- a NUL byte, or text that is
+mostly not UTF-8 -- is refused by the editing tools (edit, apply_patch) with an
+error, never rewritten. No file is loaded whole past ``read_limit`` bytes (the
+agent in the sandbox holds what it sends): a larger file is read by line range
+with a script in the sandbox, and an edit of one is refused with its size.
 """
 
 from __future__ import annotations
@@ -26,11 +36,14 @@ from typing import Any
 
 from agentenv.intents import PLAN_STATUSES, Intent, IntentResult
 from agentenv.patch import PatchError, apply_patch, parse_patch
-from sandboxes.errors import SandboxError, SandboxFileNotFound, SandboxLost, SandboxTimeout
+from sandboxes.errors import SandboxError, SandboxFileNotFound, SandboxFileTooLarge, SandboxLost, SandboxTimeout
 from sandboxes.types import Sandbox
 
 DEFAULT_READ_LIMIT = 2000  # lines, when the model gives no limit
 MAX_RESULTS = 1000  # glob paths / grep lines kept before saying "truncated"
+WHOLE_FILE_LIMIT = 8 << 20  # bytes of a file loaded whole (to read or edit it); larger ones are read by range
+RANGE_SCAN_LIMIT = 1 << 30  # bytes a ranged read scans to count lines (and to read from the end)
+MAX_LINE_BYTES = 8000  # bytes of one line a ranged read keeps (the formatters cut at 2000 characters)
 
 
 @dataclass
@@ -46,6 +59,32 @@ class EpisodeState:
 
 class IntentArgError(ValueError):
     """An intent's arguments have the wrong shape; reported to the model, never raised out."""
+
+
+class IntentRefused(ValueError):
+    """The intent cannot be done on this file (binary, too large); the message says why and what to do."""
+
+
+def looks_binary(data: bytes) -> str | None:
+    """Why ``data`` is not text to edit, or ``None``: a NUL byte anywhere, or a first 8 KiB that is
+    mostly not UTF-8 (over 30% undecodable bytes or control characters). A few stray non-UTF-8
+    bytes (a Latin-1 comment) are text: edits keep them as they are."""
+    if b"\0" in data:
+        return "it contains NUL bytes"
+    sample = data[:8192].decode("utf-8", "surrogateescape")
+    bad = sum(1 for c in sample if "\udc80" <= c <= "\udcff" or (c < " " and c not in "\t\n\r\f\v\b\x1b"))
+    if sample and bad > 0.3 * len(sample):
+        return "it is not UTF-8 text"
+    return None
+
+
+def _decode(data: bytes) -> str:
+    """Bytes as text that encodes back to the same bytes (``_encode``)."""
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
 
 
 def _arg(args: Mapping[str, Any], key: str, typ: type | tuple[type, ...], default: Any = ..., *, none_ok: bool = True) -> Any:
@@ -88,6 +127,7 @@ class IntentExecutor:
         max_timeout_s: float = 600.0,
         output_limit: int = 30_000,
         state: EpisodeState | None = None,
+        read_limit: int | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.cwd = cwd or sandbox.spec.workdir
@@ -95,6 +135,9 @@ class IntentExecutor:
         self.max_timeout_s = max_timeout_s
         self.output_limit = output_limit
         self.state = state if state is not None else EpisodeState()
+        # The in-sandbox agent holds a file it sends: stay well under its memory limit.
+        memory = getattr(sandbox.spec, "memory_mb", 1024) << 20
+        self.read_limit = read_limit if read_limit is not None else min(WHOLE_FILE_LIMIT, memory // 8)
 
     # ------------------------------------------------------------ dispatch
 
@@ -108,7 +151,7 @@ class IntentExecutor:
             raise
         except IntentArgError as exc:
             return IntentResult(intent, ok=False, error=f"{intent.name}: {exc}")
-        except PatchError as exc:
+        except (PatchError, IntentRefused) as exc:
             return IntentResult(intent, ok=False, error=str(exc))
         except SandboxFileNotFound as exc:
             return IntentResult(intent, ok=False, error=f"file not found: {exc}")
@@ -129,10 +172,57 @@ class IntentExecutor:
         t = _arg(args, "timeout_s", (int, float), self.default_timeout_s)
         return float(min(max(t, 1.0), self.max_timeout_s))
 
-    def _read_text(self, path: str) -> str | None:
+    def _read_bytes(self, path: str, intent: Intent, purpose: str) -> bytes | None:
+        """A file's bytes for a tool that needs it whole; ``None`` if missing; refused past ``read_limit``."""
         try:
-            return self.sandbox.read_file(path).decode("utf-8", errors="replace")
+            return self.sandbox.read_file(path, limit=self.read_limit)
         except SandboxFileNotFound:
+            return None
+        except SandboxFileTooLarge:
+            raise IntentRefused(
+                f"{path}: {self._size_text(path)}over the {self.read_limit}-byte limit for {purpose}; "
+                "change it with a shell command instead (sed -i, python)"
+            ) from None
+
+    def _editable_text(self, path: str, intent: Intent) -> str | None:
+        """The text of a file an edit will change, decoded so that every byte it does not change
+        is written back as it was; ``None`` if missing. A binary file is refused."""
+        data = self._read_bytes(path, intent, "editing a file whole")
+        if data is None:
+            return None
+        why = looks_binary(data)
+        if why:
+            raise IntentRefused(
+                f"{path} is a binary file ({why}); {intent.tool or intent.name} edits text files only. "
+                "Change it with a shell command instead."
+            )
+        return _decode(data)
+
+    def _exists(self, path: str) -> bool:
+        try:
+            self.sandbox.read_file(path, limit=0)  # refused before any byte is read, if not empty
+        except SandboxFileNotFound:
+            return False
+        except SandboxFileTooLarge:
+            pass
+        return True
+
+    def _stat(self, path: str, fmt: str) -> str | None:
+        try:
+            res = self.sandbox.exec(["stat", "-L", "-c", fmt, "--", path], timeout=30)
+        except (SandboxError, OSError):
+            return None
+        return res.stdout.strip() if res.ok else None
+
+    def _size_text(self, path: str) -> str:
+        size = self._stat(path, "%s")
+        return f"file is {size} bytes, " if size and size.isdigit() else "file is "
+
+    def _mode(self, path: str) -> int | None:
+        mode = self._stat(path, "%a")
+        try:
+            return int(mode, 8) if mode else None
+        except ValueError:
             return None
 
     # ------------------------------------------------------------ intents
@@ -167,10 +257,13 @@ class IntentExecutor:
         limit = _arg(args, "limit", int, DEFAULT_READ_LIMIT)
         if limit < 1:
             raise IntentArgError(f"argument 'limit' must be >= 1, got {limit}")
-        text = self._read_text(path)
-        if text is None:
+        try:
+            data = self.sandbox.read_file(path, limit=self.read_limit)
+        except SandboxFileNotFound:
             return IntentResult(intent, ok=False, error=f"file not found: {path}")
-        lines = text.splitlines()
+        except SandboxFileTooLarge:
+            return self._read_range(intent, path, offset, limit)
+        lines = data.decode("utf-8", errors="replace").splitlines()
         total = len(lines)
         start = offset if offset > 0 else max(total + offset + 1, 1) if offset < 0 else 1
         chunk = lines[start - 1 : start - 1 + limit]
@@ -183,19 +276,55 @@ class IntentExecutor:
             data={"path": path, "start": start, "lines": chunk, "total_lines": total},
         )
 
+    def _read_range(self, intent: Intent, path: str, offset: int, limit: int) -> IntentResult:
+        """Lines ``offset .. offset+limit-1`` of a file too large to load, read by a script in the sandbox."""
+        request = {"path": path, "offset": offset, "limit": limit, "line_max": MAX_LINE_BYTES,
+                   "out_max": max(4 * self.output_limit, 64 << 10), "scan_max": RANGE_SCAN_LIMIT}
+        res = self.sandbox.exec(["python3", "-c", _RANGE_SCRIPT], stdin=json.dumps(request).encode(),
+                                timeout=self._timeout(intent.args), cwd=self.cwd)
+        try:
+            reply = json.loads(res.stdout)
+        except ValueError:
+            why = "timed out" if res.timed_out else f"exit {res.exit_code}: {res.stderr.strip()[-300:]}"
+            return IntentResult(
+                intent,
+                ok=False,
+                timed_out=res.timed_out,
+                error=f"{path}: {self._size_text(path)}over the {self.read_limit}-byte read limit, and reading "
+                f"lines {offset}.. of it failed ({why}); read a range with a shell command (sed -n, head, tail)",
+            )
+        if reply.get("error"):
+            return IntentResult(intent, ok=False, error=f"{path}: {reply['error']}")
+        chunk: list[str] = reply["lines"]
+        out, cut = _clip("\n".join(chunk), self.output_limit)
+        return IntentResult(
+            intent,
+            ok=True,
+            output=out,
+            truncated=cut or bool(reply["more"]),
+            data={"path": path, "start": reply["start"], "lines": chunk, "total_lines": reply["total_lines"],
+                  "size": reply["size"], "ranged": True},
+        )
+
     def _do_write_file(self, intent: Intent, args: Mapping[str, Any]) -> IntentResult:
         path = self._path(_arg(args, "path", str))
         content = _arg(args, "content", str)
         append = _arg(args, "append", bool, False)
-        old = self._read_text(path)
-        data = (old or "") + content if append else content
-        self.sandbox.write_file(path, data)
-        verb = "appended to" if append and old is not None else "wrote"
+        new = _encode(content)
+        if append:
+            old = self._read_bytes(path, intent, "appending to a file")
+            existed = old is not None
+            data = (old or b"") + new  # bytes: what was there stays exactly as it was
+        else:
+            existed = self._exists(path)
+            data = new
+        self.sandbox.write_file(path, data, mode=None)  # an existing file keeps its mode
+        verb = "appended to" if append and existed else "wrote"
         return IntentResult(
             intent,
             ok=True,
-            output=f"{verb} {path} ({len(content.encode())} bytes)",
-            data={"path": path, "bytes": len(content.encode()), "created": old is None, "append": append},
+            output=f"{verb} {path} ({len(new)} bytes)",
+            data={"path": path, "bytes": len(new), "created": not existed, "append": append},
         )
 
     def _do_edit_replace(self, intent: Intent, args: Mapping[str, Any]) -> IntentResult:
@@ -206,7 +335,7 @@ class IntentExecutor:
                 raise IntentArgError("argument 'edits' is empty")
         else:
             edits = [args]
-        text = self._read_text(path)
+        text = self._editable_text(path, intent)
         if text is None:
             return IntentResult(intent, ok=False, error=f"file not found: {path}")
         total = 0
@@ -235,9 +364,10 @@ class IntentExecutor:
             first_at = pos if first_at < 0 else min(first_at, pos)
             text = text.replace(old, new) if replace_all else text.replace(old, new, 1)
             total += count if replace_all else 1
-        self.sandbox.write_file(path, text)
+        data = _encode(text)
+        self.sandbox.write_file(path, data, mode=None)  # keeps the file's mode (an execute bit)
         line = text.count("\n", 0, max(first_at, 0))
-        lines = text.splitlines()
+        lines = data.decode("utf-8", "replace").splitlines()  # what the model is shown: no lone surrogates
         lo = max(line - 4, 0)
         return IntentResult(
             intent,
@@ -250,7 +380,9 @@ class IntentExecutor:
         patch = _arg(args, "patch", str)
         base = self._path(_arg(args, "cwd", str, self.cwd))
         ops = parse_patch(patch)
-        changes = apply_patch(ops, lambda p: self._read_text(self._path(p, base)))
+        changes = apply_patch(ops, lambda p: self._editable_text(self._path(p, base), intent))
+        # A moved file keeps its source's mode; read before the source is deleted.
+        modes = {ch.path: self._mode(self._path(ch.moved_from, base)) for ch in changes if ch.moved_from}
         summary: dict[str, list[str]] = {"A": [], "M": [], "D": []}
         for ch in changes:
             full = self._path(ch.path, base)
@@ -259,7 +391,7 @@ class IntentExecutor:
                 if not res.ok:
                     return IntentResult(intent, ok=False, error=f"could not delete {ch.path}: {res.stderr.strip()}")
             else:
-                self.sandbox.write_file(full, ch.content)
+                self.sandbox.write_file(full, _encode(ch.content), mode=modes.get(ch.path))
             summary[ch.kind].append(ch.path)
         listing = "\n".join(f"{k} {p}" for k in "AMD" for p in summary[k])
         return IntentResult(
@@ -360,9 +492,76 @@ def execute_intent(sandbox: Sandbox, intent: Intent, state: EpisodeState | None 
     return IntentExecutor(sandbox, state=state, **options).execute(intent)
 
 
+# Runs inside the sandbox: reads {"path", "offset", "limit", "line_max", "out_max", "scan_max"} on stdin,
+# prints {"start", "lines", "total_lines", "more", "size", "error"}. Memory stays at a chunk and one
+# capped line: a huge file (or one huge line) is streamed, never loaded. Lines split on "\n" only.
+_RANGE_SCRIPT = r"""
+import json, os, sys
+q = json.load(sys.stdin)
+CHUNK = 1 << 20
+def reply(**kw):
+    print(json.dumps(kw)); sys.exit(0)
+try:
+    size = os.path.getsize(q["path"])
+    f = open(q["path"], "rb")
+except OSError as e:
+    reply(error=e.strerror or str(e))
+total = None
+if size <= q["scan_max"]:
+    n, last = 0, b""
+    while True:
+        chunk = f.read(CHUNK)
+        if not chunk:
+            break
+        n += chunk.count(b"\n"); last = chunk[-1:]
+    total = n + (1 if size and last != b"\n" else 0)
+    f.seek(0)
+off = q["offset"]
+if off < 0:
+    if total is None:
+        reply(error="file is %d bytes, too large to count its lines from the end; read it from the start "
+              "with a positive offset, or use tail -n" % size)
+    start = max(total + off + 1, 1)
+else:
+    start = max(off, 1)
+need, pos = start - 1, 0
+while need:
+    chunk = f.read(CHUNK)
+    if not chunk:
+        break
+    c = chunk.count(b"\n")
+    if c < need:
+        need -= c; pos += len(chunk); continue
+    i = -1
+    for _ in range(need):
+        i = chunk.index(b"\n", i + 1)
+    need = 0
+    f.seek(pos + i + 1)
+lines, used, more = [], 0, False
+if not need:
+    while len(lines) < q["limit"]:
+        line = f.readline(q["line_max"] + 1)
+        if not line:
+            break
+        cut = len(line) > q["line_max"] and not line.endswith(b"\n")
+        if cut:
+            line = line[:q["line_max"]]
+            while True:  # skip the rest of a long line
+                rest = f.readline(CHUNK)
+                if not rest or rest.endswith(b"\n"):
+                    break
+        text = line.rstrip(b"\n").rstrip(b"\r").decode("utf-8", "replace") + (" [line truncated]" if cut else "")
+        lines.append(text); used += len(text)
+        if used > q["out_max"]:
+            break
+    more = bool(f.read(1))
+reply(start=start, lines=lines, total_lines=total, more=more, size=size, error=None)
+"""
+
+
 # Runs inside the sandbox: reads a JSON request on stdin, prints {"items", "truncated", "total", "error"}.
 _SEARCH_SCRIPT = r"""
-import fnmatch, json, os, re, sys
+import fnmatch, json, os, re, stat, sys
 from pathlib import Path
 q = json.load(sys.stdin)
 TYPES = {"py": ["*.py", "*.pyi"], "js": ["*.js", "*.mjs", "*.cjs", "*.jsx"], "ts": ["*.ts", "*.tsx"],
@@ -413,6 +612,8 @@ for f in walk(base):
     if not keep(f):
         continue
     try:
+        if not stat.S_ISREG(os.stat(f).st_mode):
+            continue  # a FIFO or a device would block the read
         with open(f, "rb") as fh:
             raw = fh.read(8 << 20)
     except OSError:
@@ -449,4 +650,4 @@ items = out[q["offset"]:q["offset"] + q["max"]]
 reply(items, total > q["offset"] + q["max"], total)
 """
 
-__all__ = ["DEFAULT_READ_LIMIT", "EpisodeState", "IntentArgError", "IntentExecutor", "execute_intent"]
+__all__ = ["DEFAULT_READ_LIMIT", "EpisodeState", "IntentArgError", "IntentExecutor", "IntentRefused", "execute_intent", "looks_binary"]

@@ -80,11 +80,13 @@ FileOp = AddFile | DeleteFile | UpdateFile
 
 @dataclass(frozen=True)
 class FileChange:
-    """The outcome for one path: ``content=None`` deletes it."""
+    """The outcome for one path: ``content=None`` deletes it. ``moved_from`` names the file a
+    ``*** Move to:`` came from, whose mode (an execute bit) the moved file keeps."""
 
     path: str
     content: str | None
     kind: str  # "A" added, "M" modified, "D" deleted
+    moved_from: str | None = None
 
 
 def _check_path(path: str, line_no: int) -> str:
@@ -242,7 +244,9 @@ def apply_hunks(path: str, original: str, hunks: Sequence[Hunk]) -> str:
 def apply_patch(ops: Sequence[FileOp], read: Callable[[str], str | None]) -> list[FileChange]:
     """Compute every change before any is written, so a bad hunk changes nothing.
 
-    ``read(path)`` returns a file's text or ``None`` when it does not exist.
+    ``read(path)`` returns a file's text or ``None`` when it does not exist. Text is changed line by
+    line and every line no hunk touches is kept as it is, so a caller that decodes with
+    ``surrogateescape`` gets back every byte the patch did not change.
     """
     changes: list[FileChange] = []
     pending: dict[str, str | None] = {}
@@ -268,7 +272,7 @@ def apply_patch(ops: Sequence[FileOp], read: Callable[[str], str | None]) -> lis
                 pending[op.path] = None
                 changes.append(FileChange(op.path, None, "D"))
                 pending[op.move_to] = new
-                changes.append(FileChange(op.move_to, new, "M"))
+                changes.append(FileChange(op.move_to, new, "M", moved_from=op.path))
             else:
                 pending[op.path] = new
                 changes.append(FileChange(op.path, new, "M"))

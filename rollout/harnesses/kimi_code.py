@@ -78,7 +78,8 @@ def fmt_read(r: IntentResult) -> str:
     start = int(r.data.get("start", 1))
     note = f"{len(lines)} lines read from file starting from line {start}."
     if r.truncated:
-        note += f" The file has {r.data.get('total_lines')} lines in total."
+        total = r.data.get("total_lines")
+        note += f" The file has {total} lines in total." if total is not None else f" The file ({r.data.get('size')} bytes) has more lines."
     return f"{numbered(lines, start)}\n<system>{note}</system>".lstrip("\n")
 
 

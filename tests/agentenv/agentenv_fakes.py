@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from agentenv.intents import Intent, IntentResult, ParsedTurn, ParseError, RenderedPrompt, ToolCall
-from sandboxes.errors import SandboxFileNotFound
-from sandboxes.types import ExecResult, FileEntry, SandboxSpec, SnapshotKind, SnapshotRef
+from sandboxes.errors import SandboxFileNotFound, SandboxFileTooLarge
+from sandboxes.types import READ_LIMIT, ExecResult, FileEntry, SandboxSpec, SnapshotKind, SnapshotRef
 
 
 class FakeSandbox:
@@ -52,17 +52,24 @@ class FakeSandbox:
         p = Path(path)
         return p if p.is_relative_to(self.root) else self.root / path.lstrip("/")
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, *, limit: int | None = None) -> bytes:
+        p = self._p(path)
         try:
-            return self._p(path).read_bytes()
+            size = p.stat().st_size
         except FileNotFoundError as exc:
             raise SandboxFileNotFound(path) from exc
+        cap = READ_LIMIT if limit is None else limit
+        if size > cap:
+            raise SandboxFileTooLarge(f"{path}: {size} bytes, over the {cap}-byte limit")
+        return p.read_bytes()
 
-    def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         p = self._p(path)
         p.parent.mkdir(parents=True, exist_ok=True)
+        existed = p.exists()
         p.write_bytes(data.encode() if isinstance(data, str) else data)
-        p.chmod(mode)
+        if mode is not None or not existed:
+            p.chmod(0o644 if mode is None else mode)
 
     def list_files(self, path: str, *, recursive: bool = False) -> list[FileEntry]:
         base = self._p(path)

@@ -12,8 +12,8 @@ import pytest
 
 from agentenv.intent_exec import EpisodeState, IntentExecutor
 from agentenv.intents import Intent
-from sandboxes.errors import SandboxFileNotFound
-from sandboxes.types import ExecResult, FileEntry, SandboxSpec
+from sandboxes.errors import SandboxFileNotFound, SandboxFileTooLarge
+from sandboxes.types import READ_LIMIT, ExecResult, FileEntry, SandboxSpec
 
 
 class DirSandbox:
@@ -26,6 +26,7 @@ class DirSandbox:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._spec = SandboxSpec(image="fake", workdir=str(root))
+        self.reads: list[tuple[str, int | None]] = []  # (path, limit) of every read that returned bytes
 
     @property
     def id(self) -> str:
@@ -46,15 +47,26 @@ class DirSandbox:
         return ExecResult(p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"),
                           duration_s=time.monotonic() - t0)
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, *, limit: int | None = None) -> bytes:
         try:
-            return Path(path).read_bytes()
+            size = Path(path).stat().st_size
         except FileNotFoundError:
             raise SandboxFileNotFound(path) from None
+        cap = READ_LIMIT if limit is None else limit
+        if size > cap:  # refused before reading, as the contract says
+            raise SandboxFileTooLarge(f"{path}: {size} bytes, over the {cap}-byte limit")
+        self.reads.append((path, limit))
+        return Path(path).read_bytes()
 
-    def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_bytes(data.encode() if isinstance(data, str) else data)
+    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        existed = p.exists()
+        p.write_bytes(data.encode() if isinstance(data, str) else data)
+        if mode is not None:
+            p.chmod(mode)
+        elif not existed:
+            p.chmod(0o644)
 
     def list_files(self, path: str, *, recursive: bool = False) -> list[FileEntry]:
         it = Path(path).rglob("*") if recursive else Path(path).iterdir()
@@ -170,6 +182,86 @@ def test_submit(ex: IntentExecutor) -> None:
     assert r.ok and ex.state.submitted and ex.state.answer == "42"
 
 
+def test_edits_patches_appends_and_moves_keep_the_file_mode(ex: IntentExecutor) -> None:
+    root = Path(ex.cwd)
+    script = root / "run.sh"
+    script.write_text("#!/bin/sh\necho one\n")
+    script.chmod(0o755)
+    assert run(ex, "edit_replace", path="run.sh", old="one", new="two").ok
+    patch = "*** Begin Patch\n*** Update File: run.sh\n@@\n-echo two\n+echo three\n*** End Patch"
+    assert run(ex, "apply_patch", patch=patch).ok
+    assert run(ex, "write_file", path="run.sh", content="echo four\n", append=True).ok
+    assert run(ex, "write_file", path="run.sh", content="#!/bin/sh\necho five\n").ok
+    assert script.stat().st_mode & 0o777 == 0o755
+    move = "*** Begin Patch\n*** Update File: run.sh\n*** Move to: bin/run.sh\n@@\n-echo five\n+echo six\n*** End Patch"
+    assert run(ex, "apply_patch", patch=move).ok
+    moved = root / "bin" / "run.sh"
+    assert moved.read_text() == "#!/bin/sh\necho six\n" and not script.exists()
+    assert moved.stat().st_mode & 0o777 == 0o755, "a moved script lost its execute bit"
+    assert run(ex, "write_file", path="fresh.txt", content="x").ok
+    assert (root / "fresh.txt").stat().st_mode & 0o777 == 0o644
+
+
+def test_edits_keep_every_byte_they_do_not_change(ex: IntentExecutor) -> None:
+    f = Path(ex.cwd) / "latin1.py"
+    f.write_bytes(b"# caf\xe9 au lait\r\nx = 1\n\xff\xfe tail\n")
+    r = run(ex, "edit_replace", path="latin1.py", old="x = 1", new="x = 2")
+    assert r.ok, r.error
+    assert f.read_bytes() == b"# caf\xe9 au lait\r\nx = 2\n\xff\xfe tail\n"
+    assert all("\udc80" > ch or ch > "\udcff" for line in r.data["snippet"] for ch in line), "lone surrogates shown to the model"
+    patch = "*** Begin Patch\n*** Update File: latin1.py\n@@\n-x = 2\n+x = 3\n*** End Patch"
+    assert run(ex, "apply_patch", patch=patch).ok
+    assert f.read_bytes() == b"# caf\xe9 au lait\r\nx = 3\n\xff\xfe tail\n"
+    assert run(ex, "write_file", path="latin1.py", content="y = 4\n", append=True).ok
+    assert f.read_bytes() == b"# caf\xe9 au lait\r\nx = 3\n\xff\xfe tail\ny = 4\n"
+
+
+@pytest.mark.parametrize("blob", [b"\x7fELF\x02\x01\x00\x00 x = 1 \x00\x00", bytes(range(128, 256)) * 4 + b"x = 1"])
+def test_binary_files_are_refused_by_the_edit_tools_and_left_unchanged(ex: IntentExecutor, blob: bytes) -> None:
+    f = Path(ex.cwd) / "blob.bin"
+    f.write_bytes(blob)
+    r = run(ex, "edit_replace", path="blob.bin", old="x = 1", new="x = 2")
+    assert not r.ok and "binary file" in (r.error or "") and r.exit_code is None
+    patch = "*** Begin Patch\n*** Update File: blob.bin\n@@\n-x = 1\n+x = 2\n*** End Patch"
+    r = run(ex, "apply_patch", patch=patch)
+    assert not r.ok and "binary file" in (r.error or "")
+    assert f.read_bytes() == blob
+
+
+def test_a_file_over_the_read_limit_is_read_by_range_never_whole(tmp_path: Path) -> None:
+    sb = DirSandbox(tmp_path)
+    ex = IntentExecutor(sb, read_limit=4096)
+    big = tmp_path / "big.log"
+    big.write_bytes(b"".join(b"line %d\n" % i for i in range(1, 5001)) + b"x" * 20_000 + b"\nlast")
+    r = run(ex, "read_file", path="big.log", offset=10, limit=3)
+    assert r.ok, r.error
+    assert r.data["lines"] == ["line 10", "line 11", "line 12"] and r.data["start"] == 10 and r.truncated
+    assert r.data["total_lines"] == 5002 and r.data["size"] == big.stat().st_size
+    tail = run(ex, "read_file", path="big.log", offset=-2)
+    assert tail.data["start"] == 5001 and tail.data["lines"][1] == "last"
+    assert tail.data["lines"][0].startswith("xxxx") and tail.data["lines"][0].endswith("[line truncated]")
+    assert len(tail.data["lines"][0]) < 9000  # one huge line is capped, not sent whole
+    assert all(limit == 4096 for _, limit in sb.reads)
+    assert not any(p.endswith("big.log") for p, _ in sb.reads), "the whole file went through read_file"
+
+
+def test_editing_a_file_over_the_read_limit_is_refused_with_its_size(tmp_path: Path) -> None:
+    ex = IntentExecutor(DirSandbox(tmp_path), read_limit=1024)
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"a = 1\n" * 1000)
+    r = run(ex, "edit_replace", path="big.txt", old="a = 1", new="a = 2", replace_all=True)
+    assert not r.ok and "file is 6000 bytes, over the 1024-byte limit" in (r.error or ""), r.error
+    assert run(ex, "write_file", path="big.txt", content="b\n").ok  # overwriting needs no read
+    assert big.read_bytes() == b"b\n"
+
+
+def test_the_read_limit_follows_the_sandbox_memory(tmp_path: Path) -> None:
+    sb = DirSandbox(tmp_path)
+    sb._spec = SandboxSpec(image="fake", workdir=str(tmp_path), memory_mb=32)
+    assert IntentExecutor(sb).read_limit == 4 << 20
+    assert IntentExecutor(DirSandbox(tmp_path)).read_limit == 8 << 20
+
+
 @pytest.mark.docker
 def test_every_intent_on_docker(base_image: str) -> None:
     from sandboxes.docker_backend import DockerBackend  # docker tests never skip
@@ -190,6 +282,34 @@ def test_every_intent_on_docker(base_image: str) -> None:
         assert run(ex, "grep", pattern="y = ", output_mode="count").data["items"] == [f"{sb.spec.workdir}/pkg/m.py:1"]
         assert run(ex, "plan_update", items=[{"text": "t", "status": "pending"}]).ok
         assert run(ex, "submit").ok and ex.state.submitted
+    finally:
+        sb.close()
+        backend.close()
+
+
+@pytest.mark.docker
+def test_file_tools_on_docker_keep_modes_bytes_and_the_agent_alive(base_image: str) -> None:
+    """On a real container with 64 MiB of memory: an edit keeps a script's execute bit and a Latin-1
+    byte, an edit of a binary file is refused, and a 200 MB file is read by range, the sandbox still alive."""
+    from sandboxes.docker_backend import DockerBackend
+
+    backend = DockerBackend()
+    sb = backend.create(SandboxSpec(image=base_image, memory_mb=64))
+    try:
+        ex = IntentExecutor(sb, state=EpisodeState())
+        w = sb.spec.workdir
+        assert sb.exec(f"printf '#!/bin/sh\\necho caf\\351\\n' > {w}/run.sh && chmod 755 {w}/run.sh").ok
+        assert run(ex, "edit_replace", path="run.sh", old="echo", new="printf '%s\\n'").ok
+        assert sb.exec(f"stat -c %a {w}/run.sh").stdout.strip() == "755"
+        assert sb.read_file(f"{w}/run.sh") == b"#!/bin/sh\nprintf '%s\\n' caf\xe9\n"
+        assert sb.exec(f"head -c 4096 /dev/urandom > {w}/blob.bin").ok
+        before = sb.read_file(f"{w}/blob.bin")
+        assert "binary file" in (run(ex, "edit_replace", path="blob.bin", old="a", new="b").error or "")
+        assert sb.read_file(f"{w}/blob.bin") == before
+        assert sb.exec(f"yes 'a fairly long line of text for the log' | head -c 200000000 > {w}/big.log", timeout=120).ok
+        r = run(ex, "read_file", path="big.log", offset=1_000_000, limit=2)
+        assert r.ok and r.data["lines"] == ["a fairly long line of text for the log"] * 2, r.error
+        assert run(ex, "exec_shell", command="echo alive").output.strip() == "alive"
     finally:
         sb.close()
         backend.close()
