@@ -278,6 +278,7 @@ def op_exec(req, payload):
     start = time.monotonic()
     before = oom_kills()
     ids = {"user": Session.uid, "group": Session.gid, "extra_groups": list(Session.groups)} if Session.uid else {}
+    cleared = runaway_note(0)  # a bomb an earlier command left may not even let this one fork
     try:
         proc = subprocess.Popen(
             argv, cwd=cwd, env=env, start_new_session=True,
@@ -294,7 +295,7 @@ def op_exec(req, payload):
     born = 0 if born is None else born
     out = run_io(proc, payload, start + timeout, limit, born)
     timed_out, truncated, bufs = out
-    note = runaway_note(born)
+    note = cleared + runaway_note(born)
     if note:
         bufs[1].extend(note)
     if timed_out:

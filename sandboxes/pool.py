@@ -35,11 +35,20 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 
 from sandboxes.errors import PoolClosed, SandboxError, SandboxTimeout, SpecError
-from sandboxes.types import Sandbox, SandboxBackend, SandboxSpec, SnapshotKind, SnapshotRef
+from sandboxes.types import (
+    ResettableBackend,
+    Sandbox,
+    SandboxBackend,
+    SandboxSpec,
+    SnapshotApplier,
+    SnapshotKind,
+    SnapshotRef,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +89,7 @@ class SandboxPool:
         self._leased: dict[str, Sandbox] = {}
         self._starting = 0
         self._resetting = 0
+        self._returning: dict[str, Sandbox] = {}  # released, their reset / recycle job not yet started
         self.reset_timeout = reset_timeout
         self._cond = threading.Condition()
         self._closed = False
@@ -129,7 +139,8 @@ class SandboxPool:
             self.stats["recycled"] += 1
             closed = self._closed
             if not closed:
-                if getattr(self.backend, "reset", None) is not None:
+                self._returning[sandbox.id] = sandbox  # closed by ``close`` if its job never runs
+                if isinstance(self.backend, ResettableBackend):
                     self._resetting += 1  # still held: counts against max_size until done
                     if not self._submit(self._reset_one, sandbox):
                         self._resetting -= 1
@@ -142,9 +153,9 @@ class SandboxPool:
         """A warm sandbox with the FAST snapshot ``ref`` applied (falls back to ``backend.restore``)."""
         if ref.kind is not SnapshotKind.FAST or ref.base_image != self.spec.image or self.pristine is not None:
             return self.backend.restore(ref)
-        applier = getattr(self.backend, "apply_snapshot", None)
-        if applier is None:
+        if not isinstance(self.backend, SnapshotApplier):
             return self.backend.restore(ref)
+        applier = self.backend.apply_snapshot
         sandbox = self.acquire(timeout)
         try:
             applier(sandbox, ref)
@@ -158,7 +169,7 @@ class SandboxPool:
         if n < 1:
             raise SpecError(f"fork needs n >= 1, got {n}")
         sandboxes = [self.acquire(timeout) for _ in range(n)]
-        applier = getattr(self.backend, "apply_snapshot", None)
+        applier = self.backend.apply_snapshot if isinstance(self.backend, SnapshotApplier) else None
         if applier is None or ref.kind is not SnapshotKind.FAST or ref.base_image != self.spec.image:
             for sb in sandboxes:
                 self.release(sb)
@@ -210,9 +221,11 @@ class SandboxPool:
                 log.debug("pool start ended with %r during close", exc)
         self._executor.shutdown(wait=True, cancel_futures=True)
         with self._cond:
-            doomed = list(self._ready) + list(self._leased.values())
+            # Released sandboxes whose reset or recycle job was cancelled above are still ours.
+            doomed = list(self._ready) + list(self._leased.values()) + list(self._returning.values())
             self._ready.clear()
             self._leased.clear()
+            self._returning.clear()
         for sb in doomed:
             _close_quietly(sb)
 
@@ -251,6 +264,7 @@ class SandboxPool:
             fut = self._executor.submit(fn, *args)
         except RuntimeError:  # executor shut down: pool closing
             if args:
+                self._returning.pop(getattr(args[0], "id", ""), None)
                 _close_quietly(args[0])
             return False
         self._pending.add(fut)
@@ -267,11 +281,10 @@ class SandboxPool:
                 raise
         return sandbox
 
-    def _applier(self):  # type: ignore[no-untyped-def]
-        apply = getattr(self.backend, "apply_snapshot", None)
-        if apply is None:
+    def _applier(self) -> Callable[[Sandbox, SnapshotRef], None]:
+        if not isinstance(self.backend, SnapshotApplier):
             raise SpecError(f"backend {self.backend.name!r} cannot apply snapshots onto warm sandboxes")
-        return apply
+        return self.backend.apply_snapshot
 
     def _start_one(self) -> None:
         try:
@@ -297,11 +310,19 @@ class SandboxPool:
         if doomed is not None:
             _close_quietly(doomed)
 
+    def _taken(self, sandbox: Sandbox) -> bool:
+        """Claim a released sandbox for its job; False when ``close`` has already taken it."""
+        with self._cond:
+            return self._returning.pop(sandbox.id, None) is not None
+
     def _reset_one(self, sandbox: Sandbox) -> None:
         """Reset in place and re-queue; anything short of an exact reset destroys it instead."""
+        if not self._taken(sandbox):
+            return
         ok = False
         try:
-            ok = bool(self.backend.reset(sandbox, timeout=self.reset_timeout))  # type: ignore[attr-defined]
+            assert isinstance(self.backend, ResettableBackend)
+            ok = bool(self.backend.reset(sandbox, timeout=self.reset_timeout))
             if ok and self.pristine is not None:
                 self._applier()(sandbox, self.pristine)
         except BaseException as exc:
@@ -319,6 +340,8 @@ class SandboxPool:
             self._refill()
 
     def _recycle(self, sandbox: Sandbox) -> None:
+        if not self._taken(sandbox):
+            return
         _close_quietly(sandbox)
         self._refill()
 

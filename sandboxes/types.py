@@ -237,8 +237,36 @@ class SandboxBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class Quiescable(Protocol):
+    """A sandbox that can stop everything of an episode but its files, in place (grading in place)."""
+
+    def quiesce(self, timeout: float | None = None) -> str | None:
+        """None once nothing of the episode runs and the scratch mounts are empty, else why not."""
+        ...
+
+
+@runtime_checkable
+class ResettableBackend(Protocol):
+    """A backend that can bring a released sandbox back to its image's pristine state in place."""
+
+    def reset(self, sandbox: Sandbox, timeout: float | None = None) -> bool:
+        """True only when exact; False (never an exception) means: destroy it."""
+        ...
+
+
+@runtime_checkable
+class SnapshotApplier(Protocol):
+    """A backend that can bring a pristine warm sandbox to a FAST snapshot without a new one."""
+
+    def apply_snapshot(self, sandbox: Sandbox, ref: SnapshotRef) -> None: ...
+
+
 __all__ = [
     "DEFAULT_EXEC_TIMEOUT_S",
+    "Quiescable",
+    "ResettableBackend",
+    "SnapshotApplier",
     "DEFAULT_OUTPUT_LIMIT",
     "READ_LIMIT",
     "ExecResult",

@@ -233,3 +233,16 @@ def test_warm_to_n_with_no_spares_then_cycle_without_new_starts() -> None:
         assert len(backend.made) == 3 and pool.stats["misses"] == 0
         pool.warm(timeout=5, n=9)  # capped at max_size
         assert len(backend.made) == 4
+
+
+def test_close_closes_released_sandboxes_whose_reset_never_started() -> None:
+    # More releases than the pool has worker threads, and a close() that waits less than the resets
+    # take: the queued reset jobs are cancelled, and their sandboxes must be closed, not dropped.
+    backend = ResettingBackend(delay=0.3)
+    pool = SandboxPool(backend, SPEC, size=0, max_size=12, starters=2)
+    held = [pool.acquire(timeout=5) for _ in range(12)]
+    for sb in held:
+        pool.release(sb)
+    pool.close(timeout=0.2)
+    assert all(sb.closed for sb in backend.made), [sb.id for sb in backend.made if not sb.closed]
+    assert len(backend.resets) < len(held), "some resets were still queued when close() ran"
