@@ -172,7 +172,7 @@ class IntentExecutor:
         t = _arg(args, "timeout_s", (int, float), self.default_timeout_s)
         return float(min(max(t, 1.0), self.max_timeout_s))
 
-    def _read_bytes(self, path: str, intent: Intent, purpose: str) -> bytes | None:
+    def _read_bytes(self, path: str, purpose: str) -> bytes | None:
         """A file's bytes for a tool that needs it whole; ``None`` if missing; refused past ``read_limit``."""
         try:
             return self.sandbox.read_file(path, limit=self.read_limit)
@@ -187,7 +187,7 @@ class IntentExecutor:
     def _editable_text(self, path: str, intent: Intent) -> str | None:
         """The text of a file an edit will change, decoded so that every byte it does not change
         is written back as it was; ``None`` if missing. A binary file is refused."""
-        data = self._read_bytes(path, intent, "editing a file whole")
+        data = self._read_bytes(path, "editing a file whole")
         if data is None:
             return None
         why = looks_binary(data)
@@ -312,7 +312,7 @@ class IntentExecutor:
         append = _arg(args, "append", bool, False)
         new = _encode(content)
         if append:
-            old = self._read_bytes(path, intent, "appending to a file")
+            old = self._read_bytes(path, "appending to a file")
             existed = old is not None
             data = (old or b"") + new  # bytes: what was there stays exactly as it was
         else:
