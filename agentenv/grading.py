@@ -18,8 +18,17 @@
    verifiers stage what they run into fresh unpredictable directories too;
 5. run the task's verifiers with an oracle replay at hand (a fresh sandbox of
    the same variant with the oracle applied, made lazily and cached per
-   task, variant and image, for state-hash and oracle-file comparisons);
-6. close every sandbox it made and return the composite result.
+   task *content*, variant and image, for state-hash and oracle-file
+   comparisons; only deterministic task failures are cached, never a lost
+   container or a timeout);
+6. after grading in place, remove the hidden files it copied in (best effort:
+   the sandbox reset is the guarantee; verifiers remove their own staging
+   dirs); close every sandbox it made and return the composite result.
+
+An invalid result says whose fault it is (``VerifierResult.invalid_cause``):
+the agent's (hidden paths it made impossible to clear, and whatever the
+verifiers attribute to it) or the grader's (a snapshot or restore that failed,
+a grading crash).
 
 It never raises for anything the agent did, nor for a verifier crash: those
 are ``invalid`` results with a reason. Usage::
@@ -29,22 +38,32 @@ are ``invalid`` results with a reason. Usage::
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shlex
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from agentenv.errors import OracleError
-from agentenv.types import Episode, Task, Variant, VerifierResult
+from agentenv.types import Episode, InvalidCause, Task, Variant, VerifierResult
+from sandboxes.errors import SandboxError, SnapshotError
 from sandboxes.types import Sandbox, SandboxBackend, SnapshotKind, SnapshotRef
 
 PristineFactory = Callable[[], "tuple[Sandbox, Callable[[], None]] | None"]
 _CACHE_SIZE = 512
-_cache: OrderedDict[tuple[str, int, str, str], tuple[bool, Any]] = OrderedDict()
+_cache: OrderedDict[tuple[str, str, int, str, str], tuple[bool, Any]] = OrderedDict()
 _cache_lock = threading.Lock()
+_tokens: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_token_count = iter(range(1 << 62))
+
+
+class OracleUnavailable(OracleError):
+    """The oracle replay failed for a reason that may pass (a lost container, a timeout): never cached."""
 
 
 def clear_oracle_cache() -> None:
@@ -52,11 +71,57 @@ def clear_oracle_cache() -> None:
         _cache.clear()
 
 
+def task_fingerprint(task: Task) -> str:
+    """What the oracle's answer depends on besides the variant: the task's content, not only its id.
+
+    A folder task: its resolved folder and every file's relative path, size and
+    mtime (two copies of a task with the same id, one broken, get two answers;
+    an edited task gets a fresh one). Any other task: its class plus a token
+    for the object itself (two instances never share an answer).
+    """
+    folder = getattr(task, "folder", None)
+    if folder is not None and os.path.isdir(folder):
+        digest = hashlib.sha256(os.path.realpath(folder).encode())
+        for top, dirs, names in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(names):
+                path = os.path.join(top, name)
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                digest.update(f"\0{os.path.relpath(path, folder)}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+        return "folder:" + digest.hexdigest()[:32]
+    with _cache_lock:
+        try:
+            token = _tokens.get(task)
+            if token is None:
+                token = _tokens[task] = f"{type(task).__module__}.{type(task).__qualname__}#{next(_token_count)}"
+        except TypeError:  # neither weak-referenceable nor hashable: no sharing at all
+            return f"object:{id(task)}:{time.monotonic_ns()}"
+    return "object:" + token
+
+
+def _transient(exc: BaseException) -> bool:
+    """A replay failure that says nothing about the task: the sandbox, the daemon or the clock failed."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OracleUnavailable | SandboxError | TimeoutError | ConnectionError):
+            return True
+        if "timed out" in str(seen):  # a setup or oracle script passing its deadline under load
+            return True
+        seen = seen.__cause__
+    return False
+
+
 class BackendOracleReplay:
     """``OracleReplay`` on a backend: one fresh sandbox of the variant, set up, oracle applied.
 
-    Values are cached process-wide by (task id, seed, image, key); so are
-    oracle failures, so a broken task fails fast on every later episode.
+    Values are cached process-wide by (task id, task content, seed, image, key);
+    so are deterministic oracle failures, so a broken task fails fast on every
+    later episode. A transient failure (``_transient``: a lost container, a
+    timeout) is raised as ``OracleUnavailable`` and not cached: the next
+    episode tries again.
     """
 
     def __init__(
@@ -70,9 +135,10 @@ class BackendOracleReplay:
         self._sandbox: Sandbox | None = None
         self._answer: str | None = None
         self._image = task.sandbox_spec().image
+        self._fingerprint = task_fingerprint(task)
 
     def compute(self, key: str, fn: Callable[[Sandbox, str | None], Any]) -> Any:
-        cache_key = (self.task.id, self.variant.seed, self._image, key)
+        cache_key = (self.task.id, self._fingerprint, self.variant.seed, self._image, key)
         with _cache_lock:
             hit = _cache.get(cache_key)
             if hit is not None:
@@ -82,6 +148,8 @@ class BackendOracleReplay:
                 sandbox = self._ensure()
                 hit = (True, fn(sandbox, self._answer))
             except OracleError as exc:
+                if _transient(exc):
+                    raise OracleUnavailable(str(exc)) from exc
                 hit = (False, str(exc))
             with _cache_lock:
                 _cache[cache_key] = hit
@@ -106,9 +174,10 @@ class BackendOracleReplay:
             except OracleError:
                 self._close(sandbox)
                 raise
-            except Exception as exc:  # setup of a fresh copy failing is the task's fault too
+            except Exception as exc:  # setup of a fresh copy failing is the task's fault, unless the sandbox failed
                 self._close(sandbox)
-                raise OracleError(f"{self.task.id} seed {self.variant.seed}: replay failed: {type(exc).__name__}: {exc}") from exc
+                kind = OracleUnavailable if _transient(exc) else OracleError
+                raise kind(f"{self.task.id} seed {self.variant.seed}: replay failed: {type(exc).__name__}: {exc}") from exc
             self._sandbox = sandbox
         return self._sandbox
 
@@ -125,8 +194,23 @@ class BackendOracleReplay:
             sandbox.close()
 
 
-def _invalid(reason: str, started: float, **extra: Any) -> VerifierResult:
-    return VerifierResult(0.0, False, True, reason, (), time.monotonic() - started, dict(extra))
+def _invalid(reason: str, started: float, cause: InvalidCause = "grader", **extra: Any) -> VerifierResult:
+    return VerifierResult(0.0, False, True, reason, (), time.monotonic() - started, dict(extra), cause)
+
+
+#: prepare_grading_sandbox's reason when a hidden path the agent wrote cannot be cleared (its doing).
+_UNCLEARABLE = "could not clear hidden paths the agent may have written"
+
+
+def remove_hidden(sandbox: Sandbox, task: Task) -> None:
+    """Best effort: delete the hidden paths grading copied in (after grading in place)."""
+    hidden = [p for p in task.hidden_paths() if p.startswith("/") and p.rstrip("/")]
+    if not hidden:
+        return
+    try:
+        sandbox.exec(["bash", "-c", "rm -rf -- " + " ".join(shlex.quote(p) for p in hidden)], timeout=60)
+    except Exception:  # noqa: BLE001,S110 - the reset is the guarantee; a failed cleanup is not a grade
+        pass
 
 
 def prepare_grading_sandbox(sandbox: Sandbox, task: Task, variant: Variant) -> str | None:
@@ -139,7 +223,7 @@ def prepare_grading_sandbox(sandbox: Sandbox, task: Task, variant: Variant) -> s
             timeout=60,
         )
         if still.stdout.strip():
-            return f"could not clear hidden paths the agent may have written: {still.stdout.split()}"
+            return f"{_UNCLEARABLE}: {still.stdout.split()}"
     hidden_files = getattr(task, "hidden_files", None)
     if hidden_files is not None:
         for path, data in sorted(hidden_files(variant).items()):
@@ -183,7 +267,9 @@ def grade_episode(
         try:
             ref = agent_sandbox.snapshot(SnapshotKind.FAST)
         except Exception as exc:  # noqa: BLE001 - a lost sandbox is an episode that cannot be graded
-            return _invalid(f"cannot snapshot the agent's sandbox: {type(exc).__name__}: {exc}", started, **extra)
+            # A state too large to snapshot (a 20 GB sparse file) is the agent's doing; anything else the grader's.
+            cause: InvalidCause = "agent" if isinstance(exc, SnapshotError) and "snapshot over" in str(exc) else "grader"
+            return _invalid(f"cannot snapshot the agent's sandbox: {type(exc).__name__}: {exc}", started, cause, **extra)
         timings["snapshot_s"] = time.monotonic() - t0
         try:
             grading = (restore or backend.restore)(ref)
@@ -197,7 +283,7 @@ def grade_episode(
         except Exception as exc:  # noqa: BLE001
             problem = f"cannot copy hidden files into the grading sandbox: {type(exc).__name__}: {exc}"
         if problem:
-            return _invalid(problem, started, **extra)
+            return _invalid(problem, started, "agent" if problem.startswith(_UNCLEARABLE) else "grader", **extra)
         verify_started = time.monotonic()
         try:
             result = task.grade(grading, replace(episode, oracle=replay))
@@ -207,7 +293,9 @@ def grade_episode(
         return replace(result, duration_s=time.monotonic() - started, extra={**dict(result.extra), **extra})
     finally:
         closers: list[Callable[[], None]] = [replay.close]
-        if grading is not agent_sandbox:
+        if grading is agent_sandbox:
+            closers.insert(0, lambda: remove_hidden(agent_sandbox, task))
+        elif grading is not None:
             fork = grading
             closers.insert(0, (lambda: discard(fork)) if discard is not None else fork.close)
         for closer in closers:
@@ -217,4 +305,12 @@ def grade_episode(
                 pass
 
 
-__all__ = ["BackendOracleReplay", "clear_oracle_cache", "grade_episode", "prepare_grading_sandbox"]
+__all__ = [
+    "BackendOracleReplay",
+    "OracleUnavailable",
+    "clear_oracle_cache",
+    "grade_episode",
+    "prepare_grading_sandbox",
+    "remove_hidden",
+    "task_fingerprint",
+]

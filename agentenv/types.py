@@ -97,6 +97,13 @@ class UnitTestsVerifierSpec(_VerifierBase):
     command: str | None = Field(default=None, description="override; default runs pytest on the hidden tests")
     timeout_s: float = Field(default=120.0, gt=0)
     partial_credit: bool = False
+    detect_tampering: Literal["off", "flag", "fail"] = Field(
+        default="flag",
+        description="scan the workspace's Python files for code that inspects its caller or the test runner "
+        "(sys._getframe, inspect.stack, gc.get_objects, /proc/self, os._exit, atexit, settrace, pytest "
+        "imports, builtins patching): 'flag' records findings in the result's extra, 'fail' also makes "
+        "the result an agent-caused invalid (reward 0), 'off' skips the scan",
+    )
 
 
 class RowAssertion(BaseModel):
@@ -243,6 +250,10 @@ class Episode:
     oracle: OracleReplay | None = field(default=None, compare=False, repr=False)
 
 
+#: Who made a verifier result invalid (see ``VerifierResult.invalid_cause``).
+InvalidCause = Literal["agent", "grader"]
+
+
 @dataclass(frozen=True)
 class CheckResult:
     name: str
@@ -253,7 +264,16 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class VerifierResult:
-    """``reward`` in [0, 1]; ``invalid`` means "could not decide" and ``reason`` says why."""
+    """``reward`` in [0, 1]; ``invalid`` means "could not decide" and ``reason`` says why.
+
+    ``invalid_cause`` says whose fault an invalid result is, because training treats the two
+    differently. ``"agent"``: the agent's final state made grading impossible (the code under
+    test hangs, exits the process, skips every test, breaks collection, contradicts its own
+    report; a FIFO, a directory or a huge file where a file is graded). That is a failure:
+    reward 0, counted, not dropped, or an agent could turn every failing episode into a free
+    pass. ``"grader"``: the task, the oracle, the infrastructure or the verifier itself failed;
+    such an episode says nothing about the policy and is excluded. ``None`` when not invalid.
+    """
 
     reward: float
     passed: bool
@@ -262,6 +282,20 @@ class VerifierResult:
     details: tuple[CheckResult, ...] = ()
     duration_s: float = 0.0
     extra: Mapping[str, Any] = field(default_factory=dict)
+    invalid_cause: InvalidCause | None = None
+
+    def __post_init__(self) -> None:
+        if self.invalid and self.invalid_cause is None:
+            object.__setattr__(self, "invalid_cause", "grader")  # cannot tell: never charge the agent
+        elif not self.invalid and self.invalid_cause is not None:
+            raise ValueError(f"VerifierResult.invalid_cause: expected None for a decided result, got {self.invalid_cause!r}")
+        if self.invalid_cause not in (None, "agent", "grader"):
+            raise ValueError(f"VerifierResult.invalid_cause: expected 'agent', 'grader' or None, got {self.invalid_cause!r}")
+
+    @property
+    def agent_invalid(self) -> bool:
+        """Invalid because of the agent's final state: train on it as a failure (reward 0)."""
+        return self.invalid and self.invalid_cause == "agent"
 
 
 @runtime_checkable

@@ -51,7 +51,7 @@ from rollout.policy.models import tiny_config
 from rollout.policy.scripted import ScriptedPolicy
 from rollout.policy.types import SamplingParams
 from rollout.store import TrajectoryStore
-from rollout.types import Trajectory
+from rollout.types import Status, Trajectory
 
 #: Micro-batch size of the RL learner; packs two typical episodes (1-2k tokens) per row on CPU.
 MAX_TRAIN_TOKENS = 4096
@@ -294,7 +294,12 @@ class TrainLoop:
             self.reporter.phase(f"RL {it}/{cfg.iterations}: rollouts (v{self.version})", len(requests))
             trajs = await self._run_all(requests, "rl")
             t1 = time.monotonic()
+            # An agent-caused invalid (the agent's code hung the tests, exited, skipped them all) is recorded under
+            # the episode's own trainable status with reward 0 and stays in: a failure, not a free pass. Only the
+            # grader's invalids (status ``invalid``) are dropped, and counted.
             fresh = [t for t in trajs if t.trainable and trainer.version - t.policy_version <= cfg.max_lag]
+            graded_invalid = sum(t.status is Status.INVALID for t in trajs)
+            agent_invalid = sum(bool(t.verifier.get("agent_invalid")) for t in fresh)
             groups: dict[str, list[Trajectory]] = defaultdict(list)
             for t in fresh:
                 groups[t.verifier.get("group_id", "")].append(t)
@@ -302,7 +307,9 @@ class TrainLoop:
             # A sample longer than one micro-batch (a model looping to the turn limit) is not trained on, and counted.
             overlong = sum(len(i) > MAX_TRAIN_TOKENS for i in items)
             items = [i for i in items if i.num_loss_tokens > 0 and len(i) <= MAX_TRAIN_TOKENS]
-            row: dict[str, float] = {"iteration": it, **trajectory_splits(trajs), "dropped_stale": len(trajs) - len(fresh),
+            row: dict[str, float] = {"iteration": it, **trajectory_splits(trajs),
+                                    "dropped_stale": len(trajs) - len(fresh),
+                                    "dropped_invalid": graded_invalid, "agent_invalid": agent_invalid,
                                     "dropped_overlong": overlong}
             if items and any(i.advantage != 0 for i in items):
                 self.rng.shuffle(items)

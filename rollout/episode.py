@@ -311,7 +311,10 @@ class EpisodeRunner:
             alive = getattr(sandbox, "alive", None)
             if callable(alive) and not await self._blocking(alive):
                 raise _Lost(f"sandbox died before grading ({result.reason})")
-            return self._record(req, task, Status.INVALID, result.reason, tally, started, result)
+            if result.invalid_cause != "agent":  # the grader's or the task's failure: says nothing of the policy
+                return self._record(req, task, Status.INVALID, result.reason, tally, started, result)
+            # The agent's final state made grading impossible (a hang, os._exit, SkipTest, a FIFO where a
+            # file is graded): a failure with reward 0 under the episode's own status, flagged, never dropped.
         return self._record(req, task, status, "", tally, started, result)
 
     # ------------------------------------------------------------ helpers
@@ -360,7 +363,7 @@ class EpisodeRunner:
             effort=req.effort or "",
             policy_version=min(versions) if versions else int(self.policy.version),
             status=status,
-            reward=float(result.reward) if result is not None and status is not Status.INVALID else 0.0,
+            reward=float(result.reward) if result is not None and status is not Status.INVALID and not result.invalid else 0.0,
             error=error,
             verifier=verifier,
             samples=tally.samples(),
@@ -411,6 +414,9 @@ def _result_dict(result: VerifierResult) -> dict[str, Any]:
         "reward": result.reward,
         "passed": result.passed,
         "invalid": result.invalid,
+        "invalid_cause": result.invalid_cause,  # "agent": counted as a failure; "grader": status invalid, excluded
+        "agent_invalid": result.invalid and result.invalid_cause == "agent",
+        **{k: result.extra[k] for k in ("tampering", "neutralised") if k in result.extra},
         "reason": result.reason,
         "details": [{"name": d.name, "passed": d.passed, "score": d.score, "detail": d.detail} for d in result.details],
         "duration_s": result.duration_s,

@@ -74,6 +74,11 @@ def build_composite(
         if count:  # two 'files' verifiers: keep their details apart
             verifier.name = f"{verifier.name}#{count + 1}"
         parts.append(Weighted(verifier, spec.weight))
+    if parts and all(p.weight == 0 for p in parts):
+        raise TaskSpecError(
+            f"verifiers[*].weight: all {len(parts)} weights are 0, so nothing decides the reward; "
+            "give at least one verifier a weight > 0"
+        )
     return CompositeVerifier(parts)
 
 

@@ -14,7 +14,7 @@ import jinja2
 import jinja2.meta
 
 from agentenv.types import AnswerVerifierSpec, Episode, VerifierResult
-from agentenv.verifiers.common import ORACLE_ANSWER, BaseVerifier, VerifierContext, VerifierError, check, score
+from agentenv.verifiers.common import ORACLE_ANSWER, BaseVerifier, VerifierContext, VerifierError, check, read_graded_file, score
 from agentenv.verifiers.compare import close, normalize_text, parse_number
 from sandboxes.types import Sandbox
 
@@ -33,11 +33,8 @@ class AnswerVerifier(BaseVerifier):
         source = "submitted"
         if given is None and self.spec.file:
             path = self.ctx.render(self.spec.file, f"{self.name}.file")
-            try:
-                given = sandbox.read_file(path).decode("utf-8", errors="replace")
-                source = path
-            except (FileNotFoundError, PermissionError, IsADirectoryError):
-                given = None
+            data = read_graded_file(sandbox, path, cap=1 << 20, workdir=episode.workdir)
+            given, source = (None, source) if data is None else (data.decode("utf-8", errors="replace"), path)
         if given is None:
             return score([check("answer", False, "no answer was given")], partial_credit=False, started=started)
         ok, detail = self._compare(given.strip(), expected.strip())

@@ -30,11 +30,23 @@ from typing import Any
 from agentenv.errors import OracleError
 from agentenv.types import CheckResult, DbStateVerifierSpec, Episode, RowAssertion, VerifierResult
 from agentenv.verifiers import db_canon
-from agentenv.verifiers.common import BaseVerifier, VerifierContext, VerifierError, check, invalid, score, stage
+from agentenv.verifiers.common import (
+    AgentCaused,
+    BaseVerifier,
+    VerifierContext,
+    VerifierError,
+    check,
+    invalid,
+    read_graded_file,
+    remove_dirs,
+    score,
+    stage,
+)
 from agentenv.verifiers.compare import close
 from sandboxes.types import Sandbox
 
 _SQLITE = "sqlite:///"
+_DB_CAP = 256 << 20  # a SQLite file larger than this is not one a task makes
 
 
 class AgentStateError(Exception):
@@ -91,15 +103,14 @@ class DbStateVerifier(BaseVerifier):
         remote = self.url[len(_SQLITE) :]
         with tempfile.TemporaryDirectory(prefix="agentenv-db-") as tmp:
             local = Path(tmp) / (Path(remote).name or "db.sqlite")
-            try:
-                local.write_bytes(sandbox.read_file(remote))
-            except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-                raise AgentStateError(f"database file {remote} is missing or unreadable: {exc}") from exc
+            data = read_graded_file(sandbox, remote, cap=_DB_CAP)  # a FIFO or a huge file there: AgentCaused
+            if data is None:
+                raise AgentStateError(f"database file {remote} is missing")
+            local.write_bytes(data)
             for suffix in ("-wal", "-journal"):
-                try:
-                    Path(f"{local}{suffix}").write_bytes(sandbox.read_file(remote + suffix))
-                except (FileNotFoundError, IsADirectoryError, PermissionError):
-                    pass
+                side = read_graded_file(sandbox, remote + suffix, cap=_DB_CAP)
+                if side is not None:
+                    Path(f"{local}{suffix}").write_bytes(side)
             try:
                 return db_canon.dump(f"sqlite:///{local}", tables, queries)
             except Exception as exc:  # noqa: BLE001 - a corrupt file is the agent's doing
@@ -112,7 +123,10 @@ class DbStateVerifier(BaseVerifier):
                 raise VerifierError(f"prepare command failed (exit {prep.exit_code}): {(prep.stdout + prep.stderr)[-400:]}")
         request = json.dumps({"url": self.url, "tables": tables, "queries": queries}).encode()
         root = stage(sandbox, {"db_canon.py": Path(db_canon.__file__).read_bytes(), "request.json": request}, "db")
-        result = sandbox.exec(["python3", "-I", f"{root}/db_canon.py", f"{root}/request.json"], timeout=120)
+        try:
+            result = sandbox.exec(["python3", "-I", f"{root}/db_canon.py", f"{root}/request.json"], timeout=120)
+        finally:
+            remove_dirs(sandbox, [root])
         if result.timed_out:
             raise VerifierError("dumping the database inside the sandbox timed out")
         if not result.ok:
@@ -157,7 +171,7 @@ class DbStateVerifier(BaseVerifier):
         def oracle_state(oracle_sandbox: Sandbox, _answer: str | None) -> dict[str, Any]:
             try:
                 return self.dump(oracle_sandbox, [], tables=True)["tables"]  # type: ignore[no-any-return]
-            except AgentStateError as exc:
+            except (AgentStateError, AgentCaused) as exc:  # on the oracle's side: the task's fault
                 raise OracleError(f"its database is unreadable: {exc}") from exc
 
         theirs: dict[str, Any] = episode.oracle.compute(f"db:{self.url}:{self.spec.tables}", oracle_state)

@@ -9,7 +9,7 @@ staged into a fresh directory just before it runs. A timeout is ``invalid``
 from __future__ import annotations
 
 from agentenv.types import Episode, ExitCodeVerifierSpec, VerifierResult
-from agentenv.verifiers.common import BaseVerifier, VerifierContext, check, invalid, score, stage
+from agentenv.verifiers.common import BaseVerifier, VerifierContext, check, invalid, remove_dirs, score, stage
 from sandboxes.types import Sandbox
 
 
@@ -23,14 +23,17 @@ class ExitCodeVerifier(BaseVerifier):
     def _verify(self, sandbox: Sandbox, episode: Episode, started: float) -> VerifierResult:
         tests_dir = stage(sandbox, self.ctx.hidden, "check") if self.ctx.hidden else ""
         command = self.ctx.render(self.spec.command, f"{self.name}.command", tests_dir=tests_dir)
-        result = sandbox.exec(
-            ["bash", "-c", command],
-            timeout=self.spec.timeout_s,
-            cwd=episode.workdir,
-            env={"AGENTENV_TESTS_DIR": tests_dir},
-        )
-        if result.timed_out:
-            return invalid(f"command timed out after {self.spec.timeout_s:g}s", started=started)
+        try:
+            result = sandbox.exec(
+                ["bash", "-c", command],
+                timeout=self.spec.timeout_s,
+                cwd=episode.workdir,
+                env={"AGENTENV_TESTS_DIR": tests_dir},
+            )
+        finally:
+            remove_dirs(sandbox, [tests_dir])
+        if result.timed_out:  # the check runs against the agent's state: a hang there is the agent's
+            return invalid(f"command timed out after {self.spec.timeout_s:g}s", started=started, cause="agent")
         tail = (result.stdout + result.stderr).strip()[-300:]
         ok = result.exit_code == self.spec.expect
         return score(

@@ -5,8 +5,11 @@ Expected strings are Jinja templates over the variant's parameters (and
 with the file the oracle writes on a fresh copy of the variant (replayed once
 and cached by grading), for reports whose content is data-dependent.
 
-A missing or unreadable file is the agent's failure (reward 0, decided); a
-failed oracle replay is ``invalid``.
+A missing file is the agent's failure (reward 0, decided). What is at a graded
+path is looked at before it is read (``read_graded_file``): a directory, a
+symlink or a file over ``MAX_READ_BYTES`` is an agent-caused ``invalid``
+(reward 0, counted as a failure), and a FIFO reads as empty without being
+opened: never a hang or an out-of-memory grader. A failed oracle replay is ``invalid`` for the grader.
 """
 
 from __future__ import annotations
@@ -15,23 +18,9 @@ import json
 from typing import Any
 
 from agentenv.types import CheckResult, Episode, FileCheck, FilesVerifierSpec, VerifierResult
-from agentenv.verifiers.common import BaseVerifier, VerifierContext, VerifierError, check, score
+from agentenv.verifiers.common import AgentCaused, BaseVerifier, VerifierContext, VerifierError, check, read_graded_file, score
 from agentenv.verifiers.compare import csv_equal, json_equal, load_json, parse_csv
-from sandboxes.errors import SandboxError
 from sandboxes.types import Sandbox
-
-_MAX_BYTES = 8 << 20
-
-
-def _read(sandbox: Sandbox, path: str) -> bytes | None:
-    try:
-        return sandbox.read_file(path)[:_MAX_BYTES]
-    except (FileNotFoundError, IsADirectoryError, PermissionError):
-        return None
-    except SandboxError as exc:
-        if isinstance(exc, ConnectionError | TimeoutError):
-            raise  # the sandbox itself is gone: that is not the agent's failure
-        return None
 
 
 class FilesVerifier(BaseVerifier):
@@ -49,7 +38,7 @@ class FilesVerifier(BaseVerifier):
 
     def _one(self, sandbox: Sandbox, episode: Episode, fc: FileCheck, where: str) -> list[CheckResult]:
         path = self.ctx.render(fc.path, f"{where}.path")
-        data = _read(sandbox, path)
+        data = read_graded_file(sandbox, path, workdir=episode.workdir)
         if not fc.exists:
             return [check(f"{path} absent", data is None, "" if data is None else "file exists")]
         if data is None:
@@ -99,7 +88,10 @@ class FilesVerifier(BaseVerifier):
             raise VerifierError("match_oracle needs an oracle replay (grade through agentenv.grading.grade_episode)")
 
         def read(oracle_sandbox: Sandbox, _answer: str | None) -> str | None:
-            data = _read(oracle_sandbox, path)
+            try:
+                data = read_graded_file(oracle_sandbox, path, workdir=episode.workdir)
+            except AgentCaused as exc:  # on the oracle's side it is the task's fault, not the agent's
+                raise VerifierError(f"the oracle's {exc}") from exc
             return None if data is None else data.decode("utf-8", errors="replace")
 
         expected = episode.oracle.compute(f"file:{path}", read)

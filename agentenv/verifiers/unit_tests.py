@@ -1,88 +1,101 @@
-"""Hidden pytest files run in the grading sandbox, judged from a JUnit XML report only.
+"""Hidden pytest files run in the grading sandbox, judged from two sources that must agree.
 
-How the report is kept honest (and what is *not* protected):
+The code under test runs inside the pytest process, as the sandbox user, so
+the grader trusts nothing that process could write after the fact. What is
+protected, and how:
 
-* The hidden files are staged at verify time into a fresh ``mktemp -d``
-  directory; the report goes to a random file name in another fresh one. The
-  agent, gone by now, could not pre-plant either.
-* stdout is never read: printing ``PASSED`` earns nothing.
-* pytest runs as ``python3 -I`` (no ``PYTHON*`` variables, no user site, no
-  cwd on ``sys.path``, so no planted ``sitecustomize``/``pytest.py``), with
-  plugin autoload off, our own ini file, ``--confcutdir`` at the staging dir
-  (no planted ``conftest.py`` above it) and the cache provider off. The
-  workdir is put on ``sys.path`` by the ini's ``pythonpath`` so tests can
-  import the agent's code.
-* The exit code must agree with the report: 0 with failures, or 1 without,
-  is ``invalid``; so are a timeout, no report, a garbled report, zero tests,
-  and exit codes meaning a pytest crash, usage error or a kill.
-* Not protected: the code under test runs in the pytest process, so code
-  written *to attack the grader* (patching pytest at import, rewriting the
-  report from an ``atexit`` hook) can still lie. Treat this like SWE-bench
-  grading: robust to accidents and cheap tricks, not to a targeted exploit.
+* **Outcomes are streamed, not read back.** Our plugin (``pytest_stream``,
+  staged with ``-p``, imported while pytest parses its command line, before
+  any conftest, test module or code under test) writes one nonce-tagged line
+  per test phase, per failed or skipped collector and at session finish
+  (exit status, collected, failed) to a copy of the exec's stdout; pytest's
+  own stdout and stderr go to a log file. A line sent cannot be taken back,
+  so an ``atexit`` hook that rewrites the JUnit XML to all-pass is caught by
+  the disagreement. The nonce comes over the exec's stdin (in no environment
+  block, command line or file that ``/proc`` shows, unlike an environment
+  variable) and the stream fd is moved to a close-on-exec descriptor, so
+  printing, planting files or a subprocess cannot forge a line.
+* **Cross-checks** (``pytest_outcomes``): exactly one outcome per test and
+  phase, in order; a session-finish line whose exit status is the process's
+  and whose counts match the lines; the JUnit report naming the same tests
+  with the same verdicts. Any disagreement, a missing finish line (the code
+  called ``os._exit``), a timeout (a hang at import), no tests collected
+  (``SkipTest`` at import), every test skipped, a collection error (exit 2)
+  is ``invalid`` *caused by the agent*: the hidden tests collect and pass on
+  the oracle's state (``agentenv check``), so such a run counts as a failure
+  (reward 0), never as an excluded episode.
+* **Plugins and start-up hooks.** ``python3 -I -B`` (no ``PYTHON*``, no user
+  site, no cwd on ``sys.path``), ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``,
+  ``PYTEST_ADDOPTS`` / ``PYTEST_PLUGINS`` / ``BASH_ENV`` cleared, our own ini
+  (``-c``), ``--rootdir`` and ``--confcutdir`` at a fresh staging dir, and
+  ``-p no:cacheprovider -p no:stepwise -p no:pastebin``: a workspace
+  ``conftest.py``, ``pytest.ini``, ``tox.ini``, ``setup.cfg`` /
+  ``pyproject.toml`` pytest section, ``sitecustomize.py`` or ``*.pth`` is
+  never read (``preflight`` lists them in ``extra["neutralised"]``). Start-up
+  hooks in the interpreter's own directories that the sandbox user can write
+  are compared with the oracle replay's; one the agent added or changed is an
+  agent-caused ``invalid``.
+* **Caller inspection** cannot be closed in principle: code that looks at its
+  caller (``sys._getframe``, ``inspect.stack``, ``PYTEST_CURRENT_TEST``,
+  ``gc.get_objects``), patches pytest from inside, or reads the nonce out of
+  the plugin's memory behaves differently under test and no runner in the
+  same process can tell. ``detect_tampering`` scans the workspace's Python
+  files with ``ast`` and flags such code (``extra["tampering"]``); ``"fail"``
+  makes a flagged result an agent-caused ``invalid``.
+
+Not protected: a targeted exploit from inside the process that both reads the
+nonce (``gc``, ``/proc/self/mem``) and forges a complete, consistent stream
+and report (the detector flags the means); an image whose site-packages or
+pytest the sandbox user can write (``extra["unprotected"]`` says so; keep
+them root-owned, as the base image does); a custom ``command`` (it runs
+without the stream and is judged from the JUnit XML and exit code only).
 """
 
 from __future__ import annotations
 
 import secrets
-import time
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from agentenv.types import CheckResult, Episode, UnitTestsVerifierSpec, VerifierResult
-from agentenv.verifiers.common import BaseVerifier, VerifierContext, check, fresh_dir, invalid, score, stage
-from sandboxes.errors import SandboxFileNotFound
-from sandboxes.types import Sandbox
+from agentenv.verifiers.common import (
+    MAX_READ_BYTES,
+    AgentCaused,
+    BaseVerifier,
+    VerifierContext,
+    VerifierError,
+    check,
+    fresh_dir,
+    invalid,
+    remove_dirs,
+    score,
+    stage,
+)
+from agentenv.verifiers.pytest_outcomes import Report, TestCase, outcomes, parse_junit, parse_stream
+from sandboxes.errors import SandboxFileNotFound, SandboxFileTooLarge
+from sandboxes.types import ExecResult, Sandbox
 
-# pytest exit codes (ExitCode): 0 ok, 1 tests failed, 2 interrupted (collection errors), 3 internal
-# error, 4 usage error, 5 no tests collected.
-_DECIDED_WITH_FAILURES = {1, 2}
-
-
-@dataclass(frozen=True)
-class TestCase:
-    classname: str
-    name: str
-    status: str  # passed | failed | error | skipped
-
-    @property
-    def node(self) -> str:
-        return f"{self.classname}.{self.name}" if self.classname else self.name
-
-
-@dataclass(frozen=True)
-class Report:
-    cases: tuple[TestCase, ...]
-    declared_tests: int
-    declared_bad: int  # failures + errors as the suite header says
-
-    @property
-    def bad(self) -> int:
-        return sum(1 for c in self.cases if c.status in ("failed", "error"))
-
-
-def parse_junit(xml_text: str) -> Report:
-    """Parse pytest's JUnit XML (either family); ``ValueError`` when it is not a consistent report."""
-    root = ET.fromstring(xml_text)
-    suites = [root] if root.tag == "testsuite" else root.findall("testsuite") if root.tag == "testsuites" else []
-    if not suites:
-        raise ValueError(f"root element is <{root.tag}>, expected <testsuites> or <testsuite>")
-    cases: list[TestCase] = []
-    declared = bad = 0
-    for suite in suites:
-        declared += int(suite.get("tests", "0"))
-        bad += int(suite.get("failures", "0")) + int(suite.get("errors", "0"))
-        for case in suite.iter("testcase"):
-            kinds = {child.tag for child in case}
-            status = (
-                "error" if "error" in kinds else "failed" if "failure" in kinds else "skipped" if "skipped" in kinds else "passed"
-            )
-            cases.append(TestCase(case.get("classname", ""), case.get("name", ""), status))
-    if len(cases) != declared:
-        raise ValueError(f"header says {declared} tests but the report lists {len(cases)} test cases")
-    report = Report(tuple(cases), declared, bad)
-    if report.bad != bad:
-        raise ValueError(f"header says {bad} failures/errors but the report lists {report.bad}")
-    return report
+_HERE = Path(__file__).parent
+PLUGIN = "agentenv_stream"
+#: The in-sandbox tools, staged under these names (the plugin's name is what ``-p`` imports).
+TOOLS = {f"{PLUGIN}.py": _HERE / "pytest_stream.py", "agentenv_preflight.py": _HERE / "preflight.py"}
+#: pytest's built-in plugins that read state a workspace could plant or reach outside; never needed.
+BLOCKED_PLUGINS = ("cacheprovider", "stepwise", "pastebin")
+_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); import pytest; raise SystemExit(pytest.main())"
+#: The grading exec: the preflight first (one JSON line on stdout, before anything of the agent runs), then
+#: pytest with fd 3 = the exec's stdout (the stream) and its own stdout/stderr sent to a log file.
+WRAPPER = (
+    'tools=$1 root=$2 junit=$3 log=$4 workdir=$5 scan=$6; shift 6\n'
+    'pre=$(python3 -I -S "$tools/agentenv_preflight.py" "$workdir" $scan </dev/null 2>/dev/null) '
+    "&& printf '%s\\n' \"$pre\" || echo '{\"preflight\":0}'\n"
+    "unset PYTEST_ADDOPTS PYTEST_PLUGINS PYTHONPATH PYTHONSTARTUP BASH_ENV ENV\n"
+    'exec 3>&1 1>"$log" 2>&1\n'
+    'exec python3 -I -B -c "$0" "$tools" -c "$root/pytest.ini" --rootdir="$root" --confcutdir="$root" '
+    '"$@" -o junit_logging=no --junitxml="$junit" -q "$root/tests"\n'
+)
+# pytest exit codes (ExitCode) for the custom-command path: 0 ok, 1 tests failed, 2 interrupted.
+_DECIDED_WITH_FAILURES = {1}
 
 
 def matches(test_id: str, case: TestCase) -> bool:
@@ -93,21 +106,16 @@ def matches(test_id: str, case: TestCase) -> bool:
     return case.node == dotted or case.node.endswith("." + dotted)
 
 
-def judge(report: Report, exit_code: int, spec: UnitTestsVerifierSpec, started: float) -> VerifierResult:
-    """Cross-check exit code and report, then score the required tests."""
-    if not report.cases:
-        return invalid("no tests were collected", started=started)
-    if exit_code == 0 and report.bad:
-        return invalid(f"pytest exited 0 but the report has {report.bad} failing tests", started=started)
-    if exit_code in _DECIDED_WITH_FAILURES and not report.bad:
-        return invalid(f"pytest exited {exit_code} but the report has no failing test", started=started)
-    if exit_code not in (0, *_DECIDED_WITH_FAILURES):
-        return invalid(f"pytest exited {exit_code} (internal error, usage error or killed)", started=started)
+def judge(cases: list[TestCase] | Report, spec: UnitTestsVerifierSpec, started: float) -> VerifierResult:
+    """Score the required tests (or every test that ran) of cross-checked outcomes."""
+    cases = list(cases.cases) if isinstance(cases, Report) else cases
+    if not cases:
+        return invalid("no tests were collected", started=started, cause="agent")
     required = [*spec.fail_to_pass, *spec.pass_to_pass]
     checks: list[CheckResult] = []
     if required:
         for test_id in required:
-            found = [c for c in report.cases if matches(test_id, c)]
+            found = [c for c in cases if matches(test_id, c)]
             kind = "FAIL_TO_PASS" if test_id in spec.fail_to_pass else "PASS_TO_PASS"
             if not found:
                 checks.append(check(test_id, False, f"{kind}: not in the report (not collected or not run)"))
@@ -115,9 +123,10 @@ def judge(report: Report, exit_code: int, spec: UnitTestsVerifierSpec, started: 
                 bad = [c for c in found if c.status != "passed"]
                 checks.append(check(test_id, not bad, f"{kind}: " + ", ".join(sorted({c.status for c in found}))))
     else:
-        ran = [c for c in report.cases if c.status != "skipped"]
+        ran = [c for c in cases if c.status != "skipped"]
         if not ran:
-            return invalid("every collected test was skipped", started=started)
+            return invalid("every collected test was skipped: they run on the oracle's state, so the agent's code "
+                           "skipped them", started=started, cause="agent")
         checks = [check(c.node, c.status == "passed", c.status) for c in ran]
     return score(checks, partial_credit=spec.partial_credit, started=started)
 
@@ -132,42 +141,166 @@ class UnitTestsVerifier(BaseVerifier):
         self.spec = spec
 
     def _verify(self, sandbox: Sandbox, episode: Episode, started: float) -> VerifierResult:
-        tests = {rel: data for rel, data in self.ctx.hidden.items()}
-        if not any(rel.endswith(".py") for rel in tests):
+        if not any(rel.endswith(".py") for rel in self.ctx.hidden):
             return invalid("the task has no hidden test files to run", started=started)
-        root = stage(sandbox, {f"tests/{rel}": data for rel, data in tests.items()}, "tests")
-        report_path = f"{fresh_dir(sandbox, 'report')}/{secrets.token_hex(8)}.xml"
-        workdir = episode.workdir
-        sandbox.write_file(f"{root}/pytest.ini", f"[pytest]\npythonpath = {workdir}\naddopts =\n")
-        command = self._command(root, report_path, workdir)
-        result = sandbox.exec(
-            ["bash", "-c", command],
-            timeout=self.spec.timeout_s,
-            cwd=workdir,
-            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "AGENTENV_TESTS_DIR": f"{root}/tests"},
-        )
-        if result.timed_out:
-            return invalid(f"tests timed out after {self.spec.timeout_s:g}s", started=started)
+        staged: list[str] = []
         try:
-            xml_text = sandbox.read_file(report_path).decode("utf-8", errors="replace")
+            root = stage(sandbox, {f"tests/{rel}": data for rel, data in self.ctx.hidden.items()}, "tests")
+            staged.append(root)
+            report_dir = fresh_dir(sandbox, "report")
+            staged.append(report_dir)
+            sandbox.write_file(f"{root}/pytest.ini", f"[pytest]\npythonpath = {episode.workdir}\naddopts =\n")
+            if self.spec.command:
+                return self._custom(sandbox, episode, root, f"{report_dir}/{secrets.token_hex(8)}.xml", started)
+            tools = stage(sandbox, {name: path.read_bytes() for name, path in TOOLS.items()}, "tools")
+            staged.append(tools)
+            return self._streamed(sandbox, episode, root, tools, report_dir, started)
+        finally:
+            remove_dirs(sandbox, staged)
+
+    # ------------------------------------------------------------ the default: streamed and cross-checked
+
+    def _streamed(self, sandbox: Sandbox, episode: Episode, root: str, tools: str, report_dir: str, started: float) -> VerifierResult:
+        nonce = secrets.token_hex(16)
+        junit = f"{report_dir}/{secrets.token_hex(8)}.xml"
+        log = f"{report_dir}/{secrets.token_hex(8)}.log"
+        scan = "--scan" if self.spec.detect_tampering != "off" else ""
+        blocked = [arg for name in BLOCKED_PLUGINS for arg in ("-p", f"no:{name}")]
+        result = sandbox.exec(
+            ["bash", "-c", WRAPPER, _BOOT, tools, root, junit, log, episode.workdir, scan, "-p", PLUGIN, *blocked],
+            timeout=self.spec.timeout_s,
+            cwd=episode.workdir,
+            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "AGENTENV_STREAM_FD": "3", "BASH_ENV": "", "ENV": "",
+                 "AGENTENV_TESTS_DIR": f"{root}/tests"},
+            stdin=(nonce + "\n").encode(),
+        )
+        extra: dict[str, Any] = {"stream": "checked"}
+        try:
+            if result.timed_out:
+                raise AgentCaused(f"tests timed out after {self.spec.timeout_s:g}s: the code under test hangs "
+                                  "(at import or in a test) or is too slow; the oracle's state passes in time")
+            if result.truncated:
+                raise AgentCaused("the result stream overflowed the exec's output cap: something wrote to it")
+            stream = parse_stream(result.stdout, nonce)
+            extra.update(self._preflight(stream.preflight, episode))
+            junit_xml = self._read_report(sandbox, junit)
+            cases = outcomes(stream, result.exit_code, junit_xml)
+        except AgentCaused as exc:
+            return invalid(f"{exc}{self._log_tail(sandbox, log)}", started=started, cause="agent", extra=extra)
+        except VerifierError as exc:
+            return invalid(f"{exc}{self._log_tail(sandbox, log)}", started=started, extra=extra)
+        verdict = judge(cases, self.spec, started)
+        findings = extra.get("tampering", {}).get("findings", [])
+        if findings and self.spec.detect_tampering == "fail" and not verdict.invalid:
+            where = ", ".join(f"{f['path']}:{f['line']} {f['what']}" for f in findings[:3])
+            return invalid(f"the workspace has code that inspects its caller or the test runner ({where}); "
+                           "detect_tampering is 'fail'", started=started, cause="agent", details=verdict.details, extra=extra)
+        return VerifierResult(verdict.reward, verdict.passed, verdict.invalid, verdict.reason, verdict.details,
+                              verdict.duration_s, {**extra, **verdict.extra}, verdict.invalid_cause)
+
+    def _preflight(self, pre: Any, episode: Episode) -> dict[str, Any]:
+        """What the preflight saw; an agent-reachable start-up hook that the oracle's sandbox lacks is the agent's."""
+        extra: dict[str, Any] = {}
+        if pre.get("neutralised"):
+            extra["neutralised"] = list(pre["neutralised"])
+        if "tampering" in pre:
+            extra["tampering"] = pre["tampering"]
+        reachable = {h["path"]: h["sha256"] for h in pre.get("hooks", []) if h.get("reachable")}
+        writable = list(pre.get("writable", []))
+        if writable:
+            extra["unprotected"] = f"the sandbox user can write {', '.join(writable[:3])}: start-up code there is unchecked"
+        if not reachable:
+            return extra
+        if episode.oracle is None:
+            extra["startup_hooks_unverified"] = sorted(reachable)
+            return extra
+        theirs: dict[str, str] = episode.oracle.compute("startup_hooks", _oracle_hooks)
+        changed = sorted(p for p, sha in reachable.items() if theirs.get(p) != sha)
+        if changed:
+            raise AgentCaused(f"start-up hooks the agent added or changed run before any test: {', '.join(changed[:3])}")
+        return extra
+
+    @staticmethod
+    def _read_report(sandbox: Sandbox, path: str) -> str | None:
+        try:
+            return sandbox.read_file(path, limit=MAX_READ_BYTES).decode("utf-8", errors="replace")
         except (SandboxFileNotFound, FileNotFoundError):
-            tail = (result.stdout + result.stderr)[-500:]
-            return invalid(f"no JUnit report was written (pytest exit {result.exit_code}); output tail: {tail}", started=started)
+            return None
+        except SandboxFileTooLarge as exc:
+            raise AgentCaused(f"the JUnit report is over {MAX_READ_BYTES} bytes: something wrote to it") from exc
+
+    @staticmethod
+    def _log_tail(sandbox: Sandbox, log: str) -> str:
+        try:
+            tail = sandbox.exec(["tail", "-c", "400", "--", log], timeout=10).stdout.strip()
+        except Exception:  # noqa: BLE001 - a diagnostic only
+            return ""
+        return f"; output tail: {tail}" if tail else ""
+
+    # ------------------------------------------------------------ a task's own command: JUnit and exit code only
+
+    def _custom(self, sandbox: Sandbox, episode: Episode, root: str, report_path: str, started: float) -> VerifierResult:
+        command = self.ctx.render(
+            self.spec.command or "", f"{self.name}.command", tests_dir=f"{root}/tests", junit_xml=report_path,
+            workdir=episode.workdir,
+        )
+        result = sandbox.exec(
+            ["bash", "-c", command], timeout=self.spec.timeout_s, cwd=episode.workdir,
+            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "AGENTENV_TESTS_DIR": f"{root}/tests", "BASH_ENV": ""},
+        )
+        extra = {"stream": "off (custom command)"}
+        if result.timed_out:
+            return invalid(f"tests timed out after {self.spec.timeout_s:g}s", started=started, cause="agent", extra=extra)
+        try:
+            xml_text = self._read_report(sandbox, report_path)
+        except AgentCaused as exc:
+            return invalid(str(exc), started=started, cause="agent", extra=extra)
+        if xml_text is None:
+            return invalid(f"no JUnit report was written (exit {result.exit_code}){_tail(result)}", started=started,
+                           cause="agent", extra=extra)
         try:
             report = parse_junit(xml_text)
         except (ET.ParseError, ValueError) as exc:
-            return invalid(f"garbled JUnit report: {exc}", started=started)
-        return judge(report, result.exit_code, self.spec, started)
-
-    def _command(self, root: str, report_path: str, workdir: str) -> str:
-        if self.spec.command:
-            return self.ctx.render(
-                self.spec.command, f"{self.name}.command", tests_dir=f"{root}/tests", junit_xml=report_path, workdir=workdir
-            )
-        return (
-            f"python3 -I -m pytest -c {root}/pytest.ini --rootdir={root} --confcutdir={root} "
-            f"-p no:cacheprovider -o junit_logging=no --junitxml={report_path} -q {root}/tests"
-        )
+            return invalid(f"garbled JUnit report: {exc}", started=started, cause="agent", extra=extra)
+        contradiction = _contradiction(report, result.exit_code)
+        if contradiction:
+            return invalid(contradiction, started=started, cause="agent", extra=extra)
+        verdict = judge(report, self.spec, started)
+        return VerifierResult(verdict.reward, verdict.passed, verdict.invalid, verdict.reason, verdict.details,
+                              verdict.duration_s, extra, verdict.invalid_cause)
 
 
-__all__ = ["Report", "TestCase", "UnitTestsVerifier", "judge", "matches", "parse_junit"]
+def _contradiction(report: Report, exit_code: int) -> str | None:
+    if exit_code == 0 and report.bad:
+        return f"pytest exited 0 but the report has {report.bad} failing tests"
+    if exit_code in _DECIDED_WITH_FAILURES and not report.bad:
+        return f"pytest exited {exit_code} but the report has no failing test"
+    if exit_code == 2:
+        return "the hidden tests failed to collect (pytest exit 2); they collect on the oracle's state, so the agent's code broke collection"
+    if exit_code not in (0, *_DECIDED_WITH_FAILURES):
+        return f"pytest exited {exit_code} (internal error, usage error or killed)"
+    return None
+
+
+def _tail(result: ExecResult) -> str:
+    tail = (result.stdout + result.stderr)[-500:]
+    return f"; output tail: {tail}" if tail else ""
+
+
+def _oracle_hooks(oracle_sandbox: Sandbox, _answer: str | None) -> dict[str, str]:
+    """The start-up hook files of the oracle's sandbox (same image, set-up and solved), path -> sha256."""
+    import json
+
+    tools = stage(oracle_sandbox, {"agentenv_preflight.py": TOOLS["agentenv_preflight.py"].read_bytes()}, "tools")
+    try:
+        result = oracle_sandbox.exec(["python3", "-I", "-S", f"{tools}/agentenv_preflight.py", "/nonexistent"], timeout=60)
+    finally:
+        remove_dirs(oracle_sandbox, [tools])
+    try:
+        pre = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError) as exc:
+        raise VerifierError(f"the oracle sandbox's preflight gave {result.stdout[-200:]!r}") from exc
+    return {h["path"]: h["sha256"] for h in pre.get("hooks", [])}
+
+
+__all__ = ["BLOCKED_PLUGINS", "Report", "TestCase", "UnitTestsVerifier", "judge", "matches", "parse_junit"]

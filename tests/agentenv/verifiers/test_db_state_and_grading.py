@@ -206,7 +206,8 @@ def test_grade_in_place_needs_a_quiesced_sandbox_else_it_forks() -> None:
     result = grade_episode(backend, agent, task, make_episode(), in_place=True)  # type: ignore[arg-type]
     assert result.reward == 1.0 and result.extra["graded_in"] == "place" and agent.quiesced == 1
     assert backend.made == [] and not agent.closed  # no fork made; the caller resets its own sandbox
-    assert "/tests/conftest.py" not in agent.files and agent.files["/tests/test_real.py"].endswith(b"assert False\n")
+    assert "/tests/conftest.py" not in task.seen_files and task.seen_files["/tests/test_real.py"].endswith(b"assert False\n")
+    assert not [p for p in agent.files if p.startswith("/tests/")]  # what grading copied in is gone again
 
     refusing = Quiet(dict(planted), "1 SysV IPC objects exist")
     result = grade_episode(backend, refusing, task, make_episode(), in_place=True)  # type: ignore[arg-type]

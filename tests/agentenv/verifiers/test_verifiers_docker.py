@@ -90,7 +90,8 @@ def test_exiting_zero_from_the_code_under_test_is_invalid(backend, agent) -> Non
     sandbox, variant = agent
     sandbox.write_file("/workspace/mathutils.py", "import os\nprint('4 passed')\nos._exit(0)\n")
     result = grade_episode(backend, sandbox, TASK, Episode(TASK.id, variant))
-    assert result.invalid and result.reward == 0.0 and "no JUnit report" in result.reason
+    assert result.invalid and result.invalid_cause == "agent" and result.reward == 0.0
+    assert "no session-finish line" in result.reason
 
 
 def test_a_hang_is_a_timeout_and_invalid(agent) -> None:  # noqa: ANN001
