@@ -1,0 +1,2 @@
+echo {{ n }} > /workspace/answer.txt
+echo {{ n }}
