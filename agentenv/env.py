@@ -284,6 +284,9 @@ def _result_dict(result: VerifierResult) -> dict[str, Any]:
         "reward": result.reward,
         "passed": result.passed,
         "invalid": result.invalid,
+        # "agent": the agent's final state made grading impossible: a failure (reward 0), never a pass;
+        # "grader": the task's or the infrastructure's fault, which says nothing of the policy
+        "invalid_cause": result.invalid_cause,
         "reason": result.reason,
         "details": [
             {"name": d.name, "passed": d.passed, "score": d.score, "detail": d.detail} for d in result.details

@@ -52,7 +52,7 @@ from typing import Any
 from agentenv.errors import OracleError
 from agentenv.types import Episode, InvalidCause, Task, Variant, VerifierResult
 from sandboxes.errors import SandboxError, SnapshotError
-from sandboxes.types import Sandbox, SandboxBackend, SnapshotKind, SnapshotRef
+from sandboxes.types import Quiescable, Sandbox, SandboxBackend, SnapshotKind, SnapshotRef
 
 PristineFactory = Callable[[], "tuple[Sandbox, Callable[[], None]] | None"]
 _CACHE_SIZE = 512
@@ -255,8 +255,10 @@ def grade_episode(
     extra: dict[str, Any] = {"timings": timings, "graded_in": "fork"}
     grading: Sandbox | None = None
     if in_place:
-        quiesce = getattr(agent_sandbox, "quiesce", None)
-        refused = quiesce() if callable(quiesce) else f"{type(agent_sandbox).__name__} cannot quiesce"
+        if isinstance(agent_sandbox, Quiescable):
+            refused = agent_sandbox.quiesce()
+        else:
+            refused = f"{type(agent_sandbox).__name__} cannot quiesce"
         timings["quiesce_s"] = time.monotonic() - started
         if refused is None:
             grading, extra["graded_in"] = agent_sandbox, "place"

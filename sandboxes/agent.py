@@ -243,15 +243,23 @@ def kill_born_since(proc, start_ticks):
 
 
 def runaway_note(start_ticks):
-    """Kill what this command left running when the sandbox is near its pids limit (a fork bomb)."""
+    """Kill what this command left running when the sandbox is near its pids limit (a fork bomb).
+
+    ``start_ticks`` 0 means before a command: then every process of the sandbox user goes.
+    Once triggered it kills until none of them is left, so a bomb cannot regrow from survivors.
+    """
     if not Session.uid or not Session.pids_limit:
         return b""
     procs = user_processes()
     if len(procs) * 2 < Session.pids_limit:
         return b""
-    victims = born_since(start_ticks, procs) or list(procs)
+    killed = 0
     end = time.monotonic() + KILL_WINDOW_S
-    while victims and time.monotonic() < end:
+    while time.monotonic() < end:
+        victims = born_since(start_ticks, procs) if start_ticks else list(procs)
+        if not victims:
+            break
+        killed = max(killed, len(victims))
         for pid in victims:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -259,9 +267,10 @@ def runaway_note(start_ticks):
                 pass
         time.sleep(0.002)
         procs = user_processes()
-        victims = born_since(start_ticks, procs) if len(procs) * 2 >= Session.pids_limit else []
+    if not killed:
+        return b""
     return ("\nagentenv: killed %d background processes: the sandbox was at half its pids limit (%d)\n"
-            % (len(procs), Session.pids_limit)).encode()
+            % (killed, Session.pids_limit)).encode()
 
 
 def op_exec(req, payload):

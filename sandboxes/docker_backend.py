@@ -56,6 +56,8 @@ from sandboxes import disk_limit, labels
 from sandboxes.channel import AGENT_DIR, AGENT_PATH, AgentChannel, ChannelBroken, ChannelForged, agent_error
 from sandboxes.disk_limit import DiskLimit
 from sandboxes.docker_plain import PlainExec
+from sandboxes.docker_reset import DEFAULT_RESET_TIMEOUT_S, quiesce_sandbox, reset_sandbox
+from sandboxes.docker_snapshots import DockerSnapshots
 from sandboxes.errors import (
     DaemonUnavailable,
     ImageNotFound,
@@ -276,8 +278,6 @@ class DockerSandbox:
 
     def quiesce(self, timeout: float | None = None) -> str | None:
         """Kill the episode's processes and empty scratch mounts, keeping the files; see ``quiesce_sandbox``."""
-        from sandboxes.docker_reset import DEFAULT_RESET_TIMEOUT_S, quiesce_sandbox
-
         return quiesce_sandbox(self, DEFAULT_RESET_TIMEOUT_S if timeout is None else timeout)
 
     def close(self) -> None:
@@ -395,8 +395,6 @@ class DockerBackend:
         base_url: str | None = None,
     ) -> None:
         """``client`` wins over ``base_url``; with neither, the environment's daemon (``DOCKER_HOST``)."""
-        from sandboxes.docker_snapshots import DockerSnapshots
-
         if client is None:
             if base_url is not None:
                 client = daemon_call(base_url, lambda: docker.DockerClient(base_url=base_url, timeout=120))
@@ -450,8 +448,6 @@ class DockerBackend:
         anything cannot be restored by the sandbox user or checked (``last_reset_refusal``
         says why): the caller must then destroy it. A pristine snapshot is not re-applied.
         """
-        from sandboxes.docker_reset import DEFAULT_RESET_TIMEOUT_S, reset_sandbox
-
         return reset_sandbox(sandbox, DEFAULT_RESET_TIMEOUT_S if timeout is None else timeout)
 
     def close(self) -> None:

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandboxes.channel import AGENT_DIR, AGENT_PATH
-from sandboxes.docker_snapshots import OPAQUE_MARKERS, WHITEOUT_PREFIX, _is_opaque, _Keep, user_xattrs, xattr_pax
+from sandboxes.overlay import OPAQUE_MARKERS, WHITEOUT_PREFIX, Keep, LowerView, user_xattrs, xattr_pax
 from sandboxes.host_view import HostView
 
 if TYPE_CHECKING:
@@ -77,98 +77,6 @@ DEFAULT_RESET_TIMEOUT_S = 30.0
 
 class ResetRefused(Exception):
     """Internal: why a reset could not guarantee a pristine sandbox."""
-
-
-class LowerView:
-    """The merged view of an image's lower layers (host dirs, topmost first), read-only.
-
-    Whiteouts are honoured in both encodings fuse-overlayfs and Docker use
-    (``.wh.<name>`` files and 0/0 character devices), as are opaque dirs
-    (``.wh..wh..opq`` markers or the overlay ``opaque`` xattrs).
-    """
-
-    def __init__(self, layers: list[str]) -> None:
-        self.layers = layers
-        self._visible: dict[str, list[int]] = {"/": self._root_layers()}
-
-    def _root_layers(self) -> list[int]:
-        out = []
-        for i, layer in enumerate(self.layers):
-            out.append(i)
-            if _opaque_dir(layer):
-                break
-        return out
-
-    def _host(self, i: int, path: str) -> str:
-        return os.path.join(self.layers[i], path.lstrip("/"))
-
-    def _whited_out(self, i: int, path: str) -> bool:
-        parent, name = posixpath.split(path)
-        if os.path.lexists(os.path.join(self._host(i, parent), WHITEOUT_PREFIX + name)):
-            return True
-        return _is_char0(self._host(i, path))
-
-    def visible(self, path: str) -> list[int]:
-        """Layers contributing entries to directory ``path`` (empty: not a dir in the base)."""
-        got = self._visible.get(path)
-        if got is not None:
-            return got
-        out: list[int] = []
-        for i in self.visible(posixpath.dirname(path)):
-            if self._whited_out(i, path):
-                break
-            host = self._host(i, path)
-            if not os.path.lexists(host):
-                continue
-            if os.path.islink(host) or not os.path.isdir(host):
-                break  # a non-dir hides everything below it
-            out.append(i)
-            if _opaque_dir(host):
-                break
-        self._visible[path] = out
-        return out
-
-    def lookup(self, path: str) -> str | None:
-        """Host path of the base image's entry at ``path``, or None when the base has none."""
-        if path == "/":
-            return self.layers[self.visible("/")[0]]
-        for i in self.visible(posixpath.dirname(path)):
-            if self._whited_out(i, path):
-                return None
-            host = self._host(i, path)
-            if os.path.lexists(host):
-                return host
-        return None
-
-    def children(self, path: str) -> list[str]:
-        """Names in base directory ``path``."""
-        seen: set[str] = set()
-        hidden: set[str] = set()
-        for i in self.visible(path):
-            layer_hidden = set()
-            for name in os.listdir(self._host(i, path)):
-                if name in OPAQUE_MARKERS:
-                    continue
-                if name.startswith(WHITEOUT_PREFIX):
-                    layer_hidden.add(name[len(WHITEOUT_PREFIX) :])
-                elif _is_char0(os.path.join(self._host(i, path), name)):
-                    layer_hidden.add(name)
-                elif name not in hidden:
-                    seen.add(name)
-            hidden |= layer_hidden | seen
-        return sorted(seen)
-
-
-def _is_char0(host: str) -> bool:
-    try:
-        st = os.lstat(host)
-    except OSError:
-        return False
-    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
-
-
-def _opaque_dir(host: str) -> bool:
-    return any(os.path.lexists(os.path.join(host, m)) for m in OPAQUE_MARKERS) or _is_opaque(host)
 
 
 def _agent_live(sb: DockerSandbox) -> bool:
@@ -258,7 +166,7 @@ class Resetter:
     def __init__(self, sb: DockerSandbox, timeout: float) -> None:
         self.sb = sb
         self.deadline = time.monotonic() + timeout
-        self.keep = _Keep(sb)
+        self.keep = Keep(sb)
         data = (sb.container.attrs.get("GraphDriver") or {}).get("Data") or {}
         self.upper = str(data.get("UpperDir") or "")
         lowers = [d for d in str(data.get("LowerDir") or "").split(":") if d]
@@ -449,4 +357,4 @@ def reset_sandbox(sb: DockerSandbox, timeout: float = DEFAULT_RESET_TIMEOUT_S) -
     return True
 
 
-__all__ = ["DEFAULT_RESET_TIMEOUT_S", "LowerView", "ResetRefused", "host_unclean", "quiesce_sandbox", "reset_sandbox"]
+__all__ = ["DEFAULT_RESET_TIMEOUT_S", "ResetRefused", "host_unclean", "quiesce_sandbox", "reset_sandbox"]

@@ -38,9 +38,7 @@ import hashlib
 import io
 import json
 import os
-import posixpath
 import secrets
-import stat
 import tarfile
 import tempfile
 from dataclasses import dataclass
@@ -50,8 +48,8 @@ from typing import TYPE_CHECKING, Any
 import docker.errors
 
 from sandboxes import labels
-from sandboxes.channel import AGENT_DIR
-from sandboxes.errors import SandboxError, SnapshotError, SpecError
+from sandboxes.errors import SnapshotError, SpecError
+from sandboxes.overlay import Keep, readable_upper, walk_upper, xattr_pax
 from sandboxes.types import SnapshotKind, SnapshotRef
 
 if TYPE_CHECKING:
@@ -61,37 +59,7 @@ SNAPSHOT_REPOSITORY = "agentenv-snapshot"
 REBASE_AT = 100
 PACK_TIMEOUT_S = 300.0
 MANIFEST_NAME = ".agentenv-snapshot.json"  # same name as in agent.py
-# Paths Docker itself provides in every container; never part of a snapshot.
-ENGINE_PATHS = ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/.dockerenv", "/usr/sbin/docker-init")
-MOUNTED_TREES = ("/proc", "/sys", "/dev", AGENT_DIR)
-WHITEOUT_PREFIX = ".wh."
-OPAQUE_MARKERS = (".wh..wh..opq", ".wh..opq")
-OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque", "user.fuseoverlayfs.opaque")
-# Extended attributes that belong to the overlay or the kernel, never to an episode.
-INTERNAL_XATTRS = ("trusted.overlay.", "user.overlay.", "user.fuseoverlayfs.", "security.", "system.")
-PAX_XATTR = "SCHILY.xattr."
 MAX_SNAPSHOT_BYTES = 1 << 30  # the blob is built in memory: a bigger one (a huge sparse file) is refused
-
-
-def user_xattrs(path: str) -> dict[str, bytes]:
-    """The extended attributes of ``path`` (not followed) that an episode could have set."""
-    try:
-        names = os.listxattr(path, follow_symlinks=False)
-    except OSError:
-        return {}
-    out = {}
-    for name in names:
-        if not name.startswith(INTERNAL_XATTRS):
-            try:
-                out[name] = os.getxattr(path, name, follow_symlinks=False)
-            except OSError:
-                continue
-    return out
-
-
-def xattr_pax(path: str) -> dict[str, str]:
-    """``user_xattrs`` as PAX headers (values kept byte-exact through surrogateescape)."""
-    return {PAX_XATTR + k: v.decode("utf-8", "surrogateescape") for k, v in user_xattrs(path).items()}
 
 
 def default_snapshot_dir() -> Path:
@@ -165,7 +133,7 @@ class DockerSnapshots:
         changes = self.changes(sb)
         image_id = sb.facts.image_id
         manifest = {"base_image_id": image_id, "deleted": changes.deleted, "opaque": changes.opaque}
-        upper = _readable_upper(sb)
+        upper = readable_upper(sb)
         if upper is not None:
             blob = _pack_upper(upper, changes.paths, manifest, sb.id)
         elif not sb.trusted:
@@ -193,14 +161,14 @@ class DockerSnapshots:
 
     def changes(self, sb: DockerSandbox) -> Changes:
         """What differs from the base image: from the overlay upper dir if readable, else ``diff``."""
-        upper = _readable_upper(sb)
+        upper = readable_upper(sb)
         if upper is not None:
-            paths, deleted, opaque = _walk_upper(upper)
+            paths, deleted, opaque = walk_upper(upper)
         else:
             paths, deleted, opaque = [], [], []
             for item in sb.container.diff() or []:
                 (deleted if item["Kind"] == 2 else paths).append(item["Path"])
-        keep = _Keep(sb)
+        keep = Keep(sb)
         return Changes(sorted(filter(keep, paths)), sorted(filter(keep, deleted)), sorted(filter(keep, opaque)))
 
     def _load(self, ref: SnapshotRef) -> tuple[bytes, dict[str, Any]]:
@@ -284,27 +252,6 @@ class DockerSnapshots:
             raise SnapshotError(f"snapshot {ref.id} was made by backend {ref.backend!r}, not {self._backend.name!r}")
 
 
-class _Keep:
-    """Filter out engine-provided paths, mounts (tmpfs) and the agent itself."""
-
-    def __init__(self, sb: DockerSandbox) -> None:
-        trees = list(MOUNTED_TREES)
-        if sb.spec.tmpfs_mb > 0:
-            trees.append("/tmp")
-        self._trees = tuple(trees)
-
-    def __call__(self, path: str) -> bool:
-        if path in ENGINE_PATHS or path.startswith("/.pivot_root"):  # runc leaves a whiteout for its pivot dir
-            return False
-        return not any(path == t or path.startswith(t + "/") for t in self._trees)
-
-
-def _readable_upper(sb: DockerSandbox) -> str | None:
-    data = (sb.container.attrs.get("GraphDriver") or {}).get("Data") or {}
-    upper = data.get("UpperDir")
-    return str(upper) if upper and os.access(upper, os.R_OK | os.X_OK) else None
-
-
 def _pack_upper(upper: str, paths: list[str], manifest: dict[str, Any], sandbox_id: str) -> bytes:
     """The FAST blob, tarred on the host from the upper dir (the files as the sandbox has them)."""
     buf = io.BytesIO()
@@ -338,42 +285,6 @@ def _pack_upper(upper: str, paths: list[str], manifest: dict[str, Any], sandbox_
     return buf.getvalue()
 
 
-def _walk_upper(upper: str) -> tuple[list[str], list[str], list[str]]:
-    """Changed paths, whiteouts (deleted) and opaque dirs of an overlay upper dir."""
-    paths: list[str] = []
-    deleted: list[str] = []
-    opaque: list[str] = []
-    for dirpath, dirs, files in os.walk(upper):
-        rel = os.path.relpath(dirpath, upper)
-        rel_dir = "/" if rel == "." else "/" + rel
-        for name in dirs + files:
-            target = posixpath.join(rel_dir, name)
-            if name in OPAQUE_MARKERS:
-                opaque.append(rel_dir)
-                continue
-            if name.startswith(WHITEOUT_PREFIX):
-                deleted.append(posixpath.join(rel_dir, name[len(WHITEOUT_PREFIX) :]))
-                continue
-            st = os.lstat(os.path.join(dirpath, name))
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                deleted.append(target)
-                continue
-            paths.append(target)
-            if stat.S_ISDIR(st.st_mode) and _is_opaque(os.path.join(dirpath, name)):
-                opaque.append(target)
-    return paths, deleted, sorted(set(opaque))
-
-
-def _is_opaque(path: str) -> bool:
-    for attr in OPAQUE_XATTRS:
-        try:
-            if os.getxattr(path, attr, follow_symlinks=False) == b"y":
-                return True
-        except OSError:
-            continue
-    return False
-
-
 def _append_from_archive(sb: DockerSandbox, blob: bytes, paths: list[str]) -> bytes:
     """Add paths the sandbox user cannot read, fetched by the daemon with ``get_archive``."""
     out = io.BytesIO()
@@ -394,4 +305,4 @@ def _append_from_archive(sb: DockerSandbox, blob: bytes, paths: list[str]) -> by
     return out.getvalue()
 
 
-__all__ = ["Changes", "DockerSnapshots", "REBASE_AT", "SNAPSHOT_REPOSITORY", "default_snapshot_dir", "user_xattrs", "xattr_pax"]
+__all__ = ["Changes", "DockerSnapshots", "REBASE_AT", "SNAPSHOT_REPOSITORY", "default_snapshot_dir"]
