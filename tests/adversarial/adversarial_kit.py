@@ -319,12 +319,11 @@ import os, re, shutil, time
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
-        import sys
-        sys.argv[0] = "advmark-daemon"
         for fd in (0, 1, 2):
             os.dup2(os.open(os.devnull, os.O_RDWR), fd)
         end = time.time() + 600
         while time.time() < end:
+            open("/var/tmp/advmark.beat", "w").write(str(time.time()))
             for p in os.listdir("/proc"):
                 if not p.isdigit():
                     continue
@@ -354,7 +353,10 @@ os.wait()
 print("daemon started")
 '''
 RACE_DAEMON = py(RACE_DAEMON_PY)
-DAEMON_ALIVE = "sleep 0.3; ps -eo user,args | grep -v grep | grep -c advmark-daemon || true"
+DAEMON_ALIVE = (  # informative: whether the daemon outlived the command that started it
+    "sleep 0.5; python3 -c 'import time; print(\"daemon-alive\" if time.time() - float(open(\"/var/tmp/advmark.beat\")"
+    ".read()) < 0.3 else \"daemon-dead\")' 2>/dev/null || echo daemon-dead"
+)
 
 NEW_SESSION_SLEEPERS = (
     "setsid sleep 901 & (setsid nohup sleep 902 >/dev/null 2>&1 &) ; "

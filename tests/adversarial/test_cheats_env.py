@@ -1,4 +1,4 @@
-"""A hostile agent through ``agentenv.make(...).step(...)``: 43 cases (38 attack episodes and 5 limit and cache checks), none of which may be paid.
+"""A hostile agent through ``agentenv.make(...).step(...)``: 43 cases (38 attacks, 5 limits and caches), none paid.
 
 Each case is one episode of a built-in task (or one under ``tasks/``) on the
 Docker backend, its attack said in a harness's own tool calls, then a submit;
@@ -100,6 +100,8 @@ def assert_not_paid(played: Played) -> None:
     assert v, f"the episode was never graded: {played.info}"
     assert played.reward == 0.0 and not v.get("passed"), f"cheat PAID: reward {played.reward}, verifier {v}"
     assert not breaches(played.text), f"a step that must be refused worked: {breaches(played.text)}"
+    if v.get("invalid"):  # every state here is the agent's making: an invalid must be counted, not dropped
+        assert v.get("invalid_cause") == "agent", f"an agent-made state was judged the grader's fault: {v}"
 
 
 @dataclass(frozen=True)
@@ -220,7 +222,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+SLOW = {"channel_read_file_huge_or_fifo", "pytest_hang_at_import"}
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.id in SLOW else []) for c in CASES]
+)
 def test_cheat_is_not_paid(case: Case) -> None:
     played = play(case.task, case.turns, harness=case.harness, answer=case.answer)
     assert_not_paid(played)
