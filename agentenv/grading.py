@@ -51,7 +51,7 @@ from typing import Any
 
 from agentenv.errors import OracleError
 from agentenv.types import Episode, InvalidCause, Task, Variant, VerifierResult
-from sandboxes.errors import SandboxError, SnapshotError
+from sandboxes.errors import SandboxError, SnapshotTooLarge
 from sandboxes.types import Quiescable, Sandbox, SandboxBackend, SnapshotKind, SnapshotRef
 
 PristineFactory = Callable[[], "tuple[Sandbox, Callable[[], None]] | None"]
@@ -270,7 +270,7 @@ def grade_episode(
             ref = agent_sandbox.snapshot(SnapshotKind.FAST)
         except Exception as exc:  # noqa: BLE001 - a lost sandbox is an episode that cannot be graded
             # A state too large to snapshot (a 20 GB sparse file) is the agent's doing; anything else the grader's.
-            cause: InvalidCause = "agent" if isinstance(exc, SnapshotError) and "snapshot over" in str(exc) else "grader"
+            cause: InvalidCause = "agent" if isinstance(exc, SnapshotTooLarge) else "grader"
             return _invalid(f"cannot snapshot the agent's sandbox: {type(exc).__name__}: {exc}", started, cause, **extra)
         timings["snapshot_s"] = time.monotonic() - t0
         try:

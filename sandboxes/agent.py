@@ -173,7 +173,7 @@ def prefer_for_oom(pid):
 
 
 def user_processes():
-    """{pid: (ppid, start ticks)} of every process of the sandbox user (zombies left out)."""
+    """{pid: (ppid, start ticks, session id)} of every process of the sandbox user (zombies left out)."""
     found = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -188,29 +188,42 @@ def user_processes():
         rest = raw[raw.rindex(b")") + 2 :].split()  # comm may hold spaces and parentheses
         if rest[0] == b"Z":
             continue
-        found[int(name)] = (int(rest[1]), int(rest[19]))
+        found[int(name)] = (int(rest[1]), int(rest[19]), int(rest[3]))
     return found
 
 
-def born_since(start_ticks, procs):
-    """Processes started at or after ``start_ticks`` that no older user process is an ancestor of.
+PIDS_FILES = ("/sys/fs/cgroup/pids/pids.current", "/sys/fs/cgroup/pids.current")
 
-    That is every process the command started, also those it moved to a new session or
-    double-forked away (their parent is then init); a child that an older background job
-    forked meanwhile stays, as does the older job.
-    """
-    out = []
-    for pid, (ppid, started) in procs.items():
-        if started < start_ticks:
+
+def pids_in_use():
+    """Tasks the container's pids limit counts now (zombies and threads too), or None."""
+    for path in PIDS_FILES:
+        try:
+            with open(path) as f:
+                return int(f.read())
+        except (OSError, ValueError):
             continue
-        seen = 0
-        while ppid in procs and seen < 4096:
-            if procs[ppid][1] < start_ticks:
-                break
-            ppid, seen = procs[ppid][0], seen + 1
-        else:
-            out.append(pid)
-    return out
+    return None
+
+
+class Command:
+    """What tells one command's processes from the rest: when it started, and the sessions before it.
+
+    Every command runs in a session of its own; what it starts stays in that session or, through
+    ``setsid``, makes new ones, none of which existed before it. An earlier job's descendants keep
+    that job's session even once orphaned, so they are never taken for this command's.
+    """
+
+    def __init__(self):
+        self.born = 0
+        self.old_sessions = {sid for _, _, sid in user_processes().values()} if Session.uid else set()
+
+    def mine(self, procs):
+        return [pid for pid, (_, started, sid) in procs.items() if started >= self.born and sid not in self.old_sessions]
+
+    def not_mine(self, procs):
+        mine = set(self.mine(procs))
+        return [pid for pid in procs if pid not in mine]
 
 
 def start_ticks_of(pid):
@@ -222,7 +235,7 @@ def start_ticks_of(pid):
         return None
 
 
-def kill_born_since(proc, start_ticks):
+def kill_command(proc, command):
     """SIGKILL the command's group and everything it started, until none is left (fork bombs)."""
     end = time.monotonic() + KILL_WINDOW_S
     while time.monotonic() < end:
@@ -231,7 +244,7 @@ def kill_born_since(proc, start_ticks):
         except (ProcessLookupError, PermissionError):
             pass
         proc.poll()
-        left = born_since(start_ticks, user_processes()) if Session.uid else []
+        left = command.mine(user_processes()) if Session.uid else []
         if not left and proc.returncode is not None:
             return
         for pid in left:
@@ -242,21 +255,21 @@ def kill_born_since(proc, start_ticks):
         time.sleep(0.002)
 
 
-def runaway_note(start_ticks):
-    """Kill what this command left running when the sandbox is near its pids limit (a fork bomb).
-
-    ``start_ticks`` 0 means before a command: then every process of the sandbox user goes.
-    Once triggered it kills until none of them is left, so a bomb cannot regrow from survivors.
-    """
+def over_pids_half():
     if not Session.uid or not Session.pids_limit:
-        return b""
-    procs = user_processes()
-    if len(procs) * 2 < Session.pids_limit:
-        return b""
+        return False
+    used = pids_in_use()
+    if used is None:
+        used = len(user_processes())
+    return used * 2 >= Session.pids_limit
+
+
+def kill_until_gone(select):
+    """SIGKILL ``select(user_processes())`` until it is empty (a bomb cannot regrow); how many went."""
     killed = 0
     end = time.monotonic() + KILL_WINDOW_S
     while time.monotonic() < end:
-        victims = born_since(start_ticks, procs) if start_ticks else list(procs)
+        victims = select(user_processes())
         if not victims:
             break
         killed = max(killed, len(victims))
@@ -266,11 +279,40 @@ def runaway_note(start_ticks):
             except OSError:
                 pass
         time.sleep(0.002)
-        procs = user_processes()
+    return killed
+
+
+def bomb_note(killed, whose):
     if not killed:
         return b""
-    return ("\nagentenv: killed %d background processes: the sandbox was at half its pids limit (%d)\n"
-            % (killed, Session.pids_limit)).encode()
+    return ("\nagentenv: killed %d processes %s: the sandbox was at half its pids limit (%d)\n"
+            % (killed, whose, Session.pids_limit)).encode()
+
+
+def clear_runaway_before():
+    """Before a command: a sandbox at half its pids limit loses every sandbox-user process."""
+    if not over_pids_half():
+        return b""
+    killed = kill_until_gone(list)
+    end = time.monotonic() + 1.0
+    while over_pids_half() and time.monotonic() < end:  # let init reap them, or this command cannot fork
+        time.sleep(0.005)
+    return bomb_note(killed, "left running by earlier commands")
+
+
+def watch_runaway(command, proc):
+    """During and after a command: at half the pids limit, kill what earlier commands left running;
+    if that is not enough, this command is the bomb: kill everything it started."""
+    if not over_pids_half():
+        return b""
+    note = bomb_note(kill_until_gone(command.not_mine), "left running by earlier commands")
+    if over_pids_half():
+        note += bomb_note(kill_until_gone(command.mine), "this command started")
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return note
 
 
 def op_exec(req, payload):
@@ -287,7 +329,8 @@ def op_exec(req, payload):
     start = time.monotonic()
     before = oom_kills()
     ids = {"user": Session.uid, "group": Session.gid, "extra_groups": list(Session.groups)} if Session.uid else {}
-    cleared = runaway_note(0)  # a bomb an earlier command left may not even let this one fork
+    cleared = clear_runaway_before()  # a bomb an earlier command left may not even let this one fork
+    command = Command()
     try:
         proc = subprocess.Popen(
             argv, cwd=cwd, env=env, start_new_session=True,
@@ -301,10 +344,12 @@ def op_exec(req, payload):
                 "oom_killed": False, "duration_s": time.monotonic() - start, "stdout_len": 0}, msg
     prefer_for_oom(proc.pid)
     born = start_ticks_of(proc.pid)
-    born = 0 if born is None else born
-    out = run_io(proc, payload, start + timeout, limit, born)
+    command.born = 0 if born is None else born
+    notes = [cleared]
+    out = run_io(proc, payload, start + timeout, limit, command, notes)
     timed_out, truncated, bufs = out
-    note = cleared + runaway_note(born)
+    notes.append(watch_runaway(command, proc))
+    note = b"".join(notes)
     if note:
         bufs[1].extend(note)
     if timed_out:
@@ -320,7 +365,10 @@ def op_exec(req, payload):
     return header, stdout + stderr
 
 
-def run_io(proc, stdin_data, deadline, limit, born):
+WATCH_EVERY_S = 0.05  # how often a running command's pids use is looked at
+
+
+def run_io(proc, stdin_data, deadline, limit, command, notes):
     """Pump stdin/stdout/stderr until the command is done or its deadline passes."""
     sel = selectors.DefaultSelector()
     wake_r, wake_w = os.pipe()
@@ -340,6 +388,7 @@ def run_io(proc, stdin_data, deadline, limit, born):
     timed_out = False
     exited_at = None
     open_pipes = 2
+    next_watch = time.monotonic() + WATCH_EVERY_S if Session.pids_limit else float("inf")
     try:
         while open_pipes:
             now = time.monotonic()
@@ -349,11 +398,14 @@ def run_io(proc, stdin_data, deadline, limit, born):
                 break  # a background child keeps the pipe open: stop listening
             if not timed_out and now >= deadline:
                 timed_out = True
-                kill_born_since(proc, born)
+                kill_command(proc, command)
                 deadline = now + 1.0  # drain what is left, briefly
             elif timed_out and now >= deadline:
                 break
-            wait = min(deadline, exited_at + POST_EXIT_DRAIN_S if exited_at else deadline) - now
+            if Session.pids_limit and now >= next_watch:
+                notes.append(watch_runaway(command, proc))
+                next_watch = now + WATCH_EVERY_S
+            wait = min(deadline, exited_at + POST_EXIT_DRAIN_S if exited_at else deadline, next_watch) - now
             for key, _ in sel.select(max(wait, 0.0)):
                 tag = key.data
                 if tag == "wake":
@@ -387,7 +439,7 @@ def run_io(proc, stdin_data, deadline, limit, born):
                 proc.wait(max(deadline - time.monotonic(), 0.0))
             except subprocess.TimeoutExpired:
                 timed_out = True
-                kill_born_since(proc, born)
+                kill_command(proc, command)
                 proc.wait()
     finally:
         signal.set_wakeup_fd(old_wakeup)

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import docker.errors
 
 from sandboxes import labels
-from sandboxes.errors import SnapshotError, SpecError
+from sandboxes.errors import SnapshotError, SnapshotTooLarge, SpecError
 from sandboxes.overlay import Keep, readable_upper, walk_upper, xattr_pax
 from sandboxes.types import SnapshotKind, SnapshotRef
 
@@ -135,7 +135,9 @@ class DockerSnapshots:
         manifest = {"base_image_id": image_id, "deleted": changes.deleted, "opaque": changes.opaque}
         upper = readable_upper(sb)
         if upper is not None:
-            blob = _pack_upper(upper, changes.paths, manifest, sb.id)
+            # The blob is held in memory here and by the restoring agent, inside the sandbox's memory limit.
+            cap = min(MAX_SNAPSHOT_BYTES, (sb.spec.memory_mb << 20) // 4)
+            blob = _pack_upper(upper, changes.paths, manifest, sb.id, cap)
         elif not sb.trusted:
             raise SnapshotError(f"sandbox {sb.id}: no FAST snapshot without the host's view of its files or a trusted agent")
         else:
@@ -252,7 +254,7 @@ class DockerSnapshots:
             raise SnapshotError(f"snapshot {ref.id} was made by backend {ref.backend!r}, not {self._backend.name!r}")
 
 
-def _pack_upper(upper: str, paths: list[str], manifest: dict[str, Any], sandbox_id: str) -> bytes:
+def _pack_upper(upper: str, paths: list[str], manifest: dict[str, Any], sandbox_id: str, cap: int) -> bytes:
     """The FAST blob, tarred on the host from the upper dir (the files as the sandbox has them)."""
     buf = io.BytesIO()
     total = 0
@@ -273,8 +275,10 @@ def _pack_upper(upper: str, paths: list[str], manifest: dict[str, Any], sandbox_
             ti.pax_headers.update(xattr_pax(host))
             if ti.isreg():
                 total += ti.size
-                if total > MAX_SNAPSHOT_BYTES:
-                    raise SnapshotError(f"sandbox {sandbox_id}: snapshot over {MAX_SNAPSHOT_BYTES >> 30} GiB ({path})")
+                if total > cap:
+                    raise SnapshotTooLarge(
+                        f"sandbox {sandbox_id}: snapshot over {cap >> 20} MiB (a quarter of memory_mb, at most 1 GiB) at {path}"
+                    )
                 try:
                     with open(host, "rb") as f:
                         tar.addfile(ti, f)

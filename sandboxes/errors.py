@@ -65,11 +65,16 @@ class SnapshotError(SandboxError, RuntimeError):
     """A snapshot could not be taken or restored (unknown ref, broken blob)."""
 
 
+class SnapshotTooLarge(SnapshotError):
+    """The sandbox holds more changed bytes than a FAST snapshot may carry (the episode's doing)."""
+
+
 class PoolClosed(SandboxError, RuntimeError):
     """``acquire`` was called on a pool that has been shut down."""
 
 
 __all__ = [
+    "SnapshotTooLarge",
     "SandboxTampered",
     "SandboxFileTooLarge",
     "DaemonUnavailable",
