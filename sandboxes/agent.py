@@ -40,6 +40,7 @@ kernel exploit, and the OOM killer picking the agent (commands get
 
 import errno
 import hashlib
+import hmac
 import io
 import json
 import os
@@ -216,10 +217,13 @@ class Command:
 
     def __init__(self):
         self.born = 0
-        self.old_sessions = {sid for _, _, sid in user_processes().values()} if Session.uid else set()
+        before = user_processes() if Session.uid else {}
+        self.old_pids = set(before)  # start times tick every 10 ms: a process seen now is never this command's
+        self.old_sessions = {sid for _, _, sid in before.values()}
 
     def mine(self, procs):
-        return [pid for pid, (_, started, sid) in procs.items() if started >= self.born and sid not in self.old_sessions]
+        return [pid for pid, (_, started, sid) in procs.items()
+                if started >= self.born and sid not in self.old_sessions and pid not in self.old_pids]
 
     def not_mine(self, procs):
         mine = set(self.mine(procs))
@@ -455,7 +459,7 @@ def run_io(proc, stdin_data, deadline, limit, command, notes):
 def op_read_file(req, payload):
     """A regular file's bytes, refused before reading when over ``limit`` (a FIFO never blocks)."""
     path = req["path"]
-    limit = int(req.get("limit") or READ_LIMIT)
+    limit = READ_LIMIT if req.get("limit") is None else int(req["limit"])  # 0: only "exists and is a file"
     with as_user():
         if os.path.isdir(path):
             raise Fail("is_a_directory", "%s is a directory" % path)
@@ -787,12 +791,6 @@ def handle(req, payload):
         return {"ok": False, "error": "internal", "message": repr(exc)}, b""
 
 
-def hmac_equal(a, b):
-    import hmac
-
-    return hmac.compare_digest(a, b)
-
-
 def main():
     out_fd = os.dup(1)
     os.dup2(2, 1)  # stray prints go to stderr, never into the protocol stream
@@ -810,7 +808,7 @@ def main():
             payload = read_exact(0, payload_len)
             if Session.key is not None:
                 tag = read_exact(0, MAC_SIZE)
-                if not hmac_equal(tag, mac(b"request", Session.recv_seq, frame + head, payload)):
+                if not hmac.compare_digest(tag, mac(b"request", Session.recv_seq, frame + head, payload)):
                     return  # not from the host: stop answering; the host sees EOF
                 Session.recv_seq += 1
             req = json.loads(head)

@@ -168,7 +168,7 @@ def test_the_exec_deadline_kills_new_sessions_and_double_forks(sb: DockerSandbox
 def test_background_jobs_of_earlier_commands_survive_a_later_deadline(sb: DockerSandbox) -> None:
     assert sb.exec("setsid sleep 400 >/dev/null 2>&1 &").ok
     assert sb.exec("sleep 30", timeout=1).timed_out
-    assert sb.exec("pgrep -c -f 'sleep 400'").stdout.strip() == "1"  # a server started earlier is not this command's
+    assert sb.exec("ps -eo args | grep -c '^sleep 400$'").stdout.strip() == "1"  # a server started earlier is not this command's
     assert sb.quiesce() is None
     assert not HostView(sb.container).user_processes(0)
 
