@@ -241,22 +241,16 @@ def start_ticks_of(pid):
 
 def kill_command(proc, command):
     """SIGKILL the command's group and everything it started, until none is left (fork bombs)."""
-    end = time.monotonic() + KILL_WINDOW_S
-    while time.monotonic() < end:
+
+    def victims(procs):
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         proc.poll()
-        left = command.mine(user_processes()) if Session.uid else []
-        if not left and proc.returncode is not None:
-            return
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.002)
+        return command.mine(procs) if Session.uid else []
+
+    kill_until_gone(victims)
 
 
 def over_pids_half():
