@@ -60,12 +60,14 @@ def test_capabilities_are_all_dropped(backend: DockerBackend, spec: SandboxSpec)
 def test_fork_bomb_is_contained_and_returns_within_the_deadline(backend: DockerBackend, spec: SandboxSpec) -> None:
     sb = backend.create(spec)
     t0 = time.monotonic()
-    # The bomb runs in the background; the shell then spins without forking, so the
-    # command lives until its deadline, which must take the whole group down.
+    # The bomb runs in the background; the shell then spins without forking. The agent's pids
+    # watchdog sees the sandbox at half its limit and kills this command and all it started
+    # (exit 137) before the deadline would (124); either way the whole tree goes down.
     r = sb.exec("bomb() { bomb | bomb & }; bomb; while :; do :; done", timeout=3)
     elapsed = time.monotonic() - t0
-    assert r.timed_out and r.exit_code == 124, r
+    assert r.exit_code in (124, 137), r
     assert "fork" in r.stderr.lower(), "the pids limit should have stopped the bomb"
+    assert r.timed_out or "half its pids limit" in r.stderr, r
     assert elapsed < 8, f"fork bomb took {elapsed:.1f}s to contain"
     limit = sb.exec("cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max")  # v1 or v2
     assert limit.stdout.strip() == "64"
