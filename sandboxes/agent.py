@@ -262,20 +262,51 @@ def over_pids_half():
     return used * 2 >= Session.pids_limit
 
 
+def signal_every_user_process(sig):
+    """``kill(-1, sig)`` from a child with only the sandbox user's ids: every process of that user at
+    once (the kernel holds off forks while it walks the task list), never root's. False when the
+    child cannot be forked (the pids limit is reached), or there is no separate sandbox user."""
+    if not Session.uid:
+        return False
+    try:
+        pid = os.fork()
+    except OSError:
+        return False
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(Session.gid, Session.gid, Session.gid)
+            os.setresuid(Session.uid, Session.uid, Session.uid)
+            os.kill(-1, sig)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    return True
+
+
 def kill_until_gone(select):
-    """SIGKILL ``select(user_processes())`` until it is empty (a bomb cannot regrow); how many went."""
+    """SIGKILL ``select(user_processes())`` until it is empty (a bomb cannot regrow); how many went.
+
+    Each pass first stops every sandbox-user process in one go, so none forks while the victims
+    are picked and killed, then lets the survivors (the current command's) go on.
+    """
     killed = 0
     end = time.monotonic() + KILL_WINDOW_S
     while time.monotonic() < end:
-        victims = select(user_processes())
+        stopped = signal_every_user_process(signal.SIGSTOP)
+        try:
+            victims = select(user_processes())
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        finally:
+            if stopped:
+                signal_every_user_process(signal.SIGCONT)
         if not victims:
             break
         killed = max(killed, len(victims))
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
         time.sleep(0.002)
     return killed
 
