@@ -97,12 +97,14 @@ class UnitTestsVerifierSpec(_VerifierBase):
     command: str | None = Field(default=None, description="override; default runs pytest on the hidden tests")
     timeout_s: float = Field(default=120.0, gt=0)
     partial_credit: bool = False
-    detect_tampering: Literal["off", "flag", "fail"] = Field(
-        default="flag",
-        description="scan the workspace's Python files for code that inspects its caller or the test runner "
-        "(sys._getframe, inspect.stack, gc.get_objects, /proc/self, os._exit, atexit, settrace, pytest "
-        "imports, builtins patching): 'flag' records findings in the result's extra, 'fail' also makes "
-        "the result an agent-caused invalid (reward 0), 'off' skips the scan",
+    detect_tampering: Literal["off", "flag", "strict", "fail"] = Field(
+        default="strict",
+        description="scan the workspace's Python files for code that inspects its caller or the test runner; "
+        "findings are strong (pytest internals imported from non-test code, gc object walks, frame walking, "
+        "/proc/self/mem, ctypes, settrace, computed-name imports, builtins patching, an always-equal __eq__) "
+        "or weak (atexit, os._exit, inspect imports, PYTEST_CURRENT_TEST): 'strict' makes a strong finding "
+        "an agent-caused invalid (reward 0) and records weak ones, 'fail' does so for any finding, 'flag' "
+        "only records findings in the result's extra, 'off' skips the scan",
     )
 
 

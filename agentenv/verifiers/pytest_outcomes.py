@@ -5,8 +5,9 @@ the exec's stdout, after the preflight's line; ``outcomes`` checks the stream
 against itself, the process's exit code and the JUnit XML, and returns the
 per-test cases the verifier scores. Every contradiction raises: ``AgentCaused``
 where the agent's code is what can produce it (a line without the nonce, a
-duplicate, no session-finish line, counts that disagree with the exit code or
-with the report), ``VerifierError`` where our own invocation failed (the
+duplicate, a tamper line from the plugin's integrity check, no session-finish
+line, counts that disagree with the exit code or with the report),
+``VerifierError`` where our own invocation failed (the
 plugin never loaded, a usage error).
 
 Why the agent, so often: the hidden tests and this plugin collect and run fine
@@ -95,6 +96,7 @@ class Stream:
     tests: dict[str, dict[str, tuple[str, bool]]] = field(default_factory=dict)
     collect: dict[str, str] = field(default_factory=dict)  # node id -> failed | skipped
     internal: list[str] = field(default_factory=list)
+    tamper: list[str] = field(default_factory=list)  # pytest internals the plugin saw changed
     finish: Mapping[str, int] | None = None
 
     def failed_reports(self) -> int:
@@ -120,7 +122,7 @@ class Stream:
         return out
 
 
-_KINDS = ("start", "items", "collect", "test", "internal", "finish")
+_KINDS = ("start", "items", "collect", "test", "internal", "tamper", "finish")
 
 
 def parse_stream(stdout: str, nonce: str) -> Stream:
@@ -184,6 +186,8 @@ def _add(stream: Stream, kind: str, event: Mapping[str, Any], number: int) -> No
             phases[when] = (outcome, bool(event.get("xfail")))
         elif kind == "internal":
             stream.internal.append(str(event.get("error", "")))
+        elif kind == "tamper":
+            stream.tamper.extend(str(what) for what in event["what"])
         else:
             stream.finish = {"exit": int(event["exit"]), "collected": int(event["collected"]), "failed": int(event["failed"])}
     except (KeyError, TypeError, ValueError) as exc:
@@ -194,6 +198,11 @@ def outcomes(stream: Stream, exit_code: int, junit_xml: str | None) -> list[Test
     """The per-test cases, once the stream, the exit code and the JUnit report all agree."""
     if not stream.started:
         raise VerifierError(f"the stream plugin never started (pytest exit {exit_code}): our invocation failed")
+    if stream.tamper:
+        raise AgentCaused(
+            f"the code under test changed pytest internals while the tests ran ({', '.join(stream.tamper[:4])}): "
+            "what decides or records an outcome is not what pytest loaded"
+        )
     if stream.finish is None:
         raise AgentCaused(
             f"no session-finish line (process exit {exit_code}): the process ended before pytest finished; "

@@ -35,20 +35,54 @@ protected, and how:
   hooks in the interpreter's own directories that the sandbox user can write
   are compared with the oracle replay's; one the agent added or changed is an
   agent-caused ``invalid``.
-* **Caller inspection** cannot be closed in principle: code that looks at its
-  caller (``sys._getframe``, ``inspect.stack``, ``PYTEST_CURRENT_TEST``,
-  ``gc.get_objects``), patches pytest from inside, or reads the nonce out of
-  the plugin's memory behaves differently under test and no runner in the
-  same process can tell. ``detect_tampering`` scans the workspace's Python
-  files with ``ast`` and flags such code (``extra["tampering"]``); ``"fail"``
-  makes a flagged result an agent-caused ``invalid``.
+* **Pytest patched from inside** (closed at run time): the plugin records, at
+  load, the identity, ``__code__`` and defaults of everything that decides or
+  records an outcome (``TestReport.__init__`` / ``from_item_and_call``, the
+  ``passed`` / ``failed`` / ``skipped`` properties, ``call_and_report``,
+  ``runtestprotocol``, ``call_runtest_hook``, ``CallInfo.from_call``,
+  ``Function.runtest``, ``pytest_pyfunc_call``, ``Session.perform_collect``,
+  ``pytest_runtestloop``, the JUnit writer, skipping, assertion rewriting,
+  ``raises`` / ``approx``, pluggy's dispatch, ``unittest.case``,
+  ``builtins.__import__``, ``AssertionError`` and a few more builtins, its own
+  functions) and every hook implementation registered with it; at every
+  ``pytest_runtest_logreport`` and at session finish it compares, and a
+  change is a ``tamper`` line, which is an agent-caused ``invalid``. This
+  holds whatever the obfuscation (``__import__`` of a ``chr()``-built name,
+  ``setattr``), since it looks at the objects, not the source. A hidden test
+  that itself monkeypatches one of these (``builtins.__import__`` to fake a
+  missing module) trips it too: ``agentenv check`` shows that on the oracle.
+* **Caller inspection and always-equal results** cannot be closed at run
+  time in principle: code that looks at its caller (``sys._getframe``,
+  ``inspect.stack``, ``PYTEST_CURRENT_TEST``, ``gc.get_objects``), or returns
+  an ``int`` subclass whose ``__eq__`` is always true, behaves differently
+  under test and no runner in the same process can tell. ``detect_tampering``
+  scans the workspace's Python files with ``ast`` (``extra["tampering"]``)
+  and sorts findings into *strong* (pytest or pluggy internals imported from
+  non-test code, ``gc`` object walks, frame walking, ``/proc/self/mem``,
+  ``ctypes``, ``settrace`` / ``setprofile``, ``__import__`` /
+  ``import_module`` of a computed name, builtins patching, a ``__code__``
+  rewrite, an ``__eq__`` / ``__ne__`` that ignores its arguments on a class
+  derived from a builtin type or that just says ``True``) and *weak*
+  (``atexit``, ``os._exit``, ``inspect`` and ``gc`` imports,
+  ``PYTEST_CURRENT_TEST``, names of the report or the grader). ``"strict"``
+  (the default) makes a strong finding an agent-caused ``invalid`` and flags
+  weak ones; ``"fail"`` makes any finding one; ``"flag"`` only records;
+  ``"off"`` skips the scan.
 
-Not protected: a targeted exploit from inside the process that both reads the
-nonce (``gc``, ``/proc/self/mem``) and forges a complete, consistent stream
-and report (the detector flags the means); an image whose site-packages or
-pytest the sandbox user can write (``extra["unprotected"]`` says so; keep
-them root-owned, as the base image does); a custom ``command`` (it runs
-without the stream and is judged from the JUnit XML and exit code only).
+Not protected: a forger who first patches the plugin's own recorded
+references or its check (reaching them through ``sys.modules`` or ``gc``), or
+who rewrites a code object's bytes in place through ``ctypes``, defeats the
+run-time check, and so does a hook implementation whose code claims a file in
+the hidden tests' directory; all of these need means that the detector calls
+strong, so only the detector stands there. So does a targeted exploit that
+reads the nonce (``gc``, ``/proc/self/mem``) and forges a complete,
+consistent stream and report. A workspace whose own (task-given) code uses
+strong means (a vendored library that calls ``sys._getframe``) makes every
+episode invalid under ``"strict"``: such a task sets ``"flag"``. Also not
+protected: an image whose site-packages or pytest the sandbox user can write
+(``extra["unprotected"]`` says so; keep them root-owned, as the base image
+does); a custom ``command`` (it runs without the stream and is judged from
+the JUnit XML and exit code only).
 """
 
 from __future__ import annotations
@@ -190,11 +224,15 @@ class UnitTestsVerifier(BaseVerifier):
         except VerifierError as exc:
             return invalid(f"{exc}{self._log_tail(sandbox, log)}", started=started, extra=extra)
         verdict = judge(cases, self.spec, started)
+        mode = self.spec.detect_tampering
         findings = extra.get("tampering", {}).get("findings", [])
-        if findings and self.spec.detect_tampering == "fail" and not verdict.invalid:
-            where = ", ".join(f"{f['path']}:{f['line']} {f['what']}" for f in findings[:3])
-            return invalid(f"the workspace has code that inspects its caller or the test runner ({where}); "
-                           "detect_tampering is 'fail'", started=started, cause="agent", details=verdict.details, extra=extra)
+        counted = [f for f in findings if mode == "fail" or (mode == "strict" and f.get("strength") == "strong")]
+        if counted and not verdict.invalid:
+            where = ", ".join(f"{f['path']}:{f['line']} {f['what']}" for f in counted[:3])
+            kind = "strong " if mode == "strict" else ""
+            return invalid(f"the workspace has code that can change how the tests judge it ({kind}tampering findings: "
+                           f"{where}); detect_tampering is {mode!r}", started=started, cause="agent",
+                           details=verdict.details, extra=extra)
         return VerifierResult(verdict.reward, verdict.passed, verdict.invalid, verdict.reason, verdict.details,
                               verdict.duration_s, {**extra, **verdict.extra}, verdict.invalid_cause)
 

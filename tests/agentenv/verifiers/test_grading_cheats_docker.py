@@ -135,14 +135,18 @@ def test_a_hang_at_import_is_the_agents_failure(backend) -> None:  # noqa: ANN00
         sandbox.close()
 
 
-def test_tampering_code_is_flagged(backend) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("code", "what", "paid"), [("import atexit\natexit.register(print)\n", "atexit.register", True),
+                                                ("import sys\n_caller = sys._getframe(0)\n", "sys._getframe", False)],
+                         ids=["weak-flagged", "strong-invalid"])
+def test_tampering_code_is_flagged_or_refused(backend, code: str, what: str, paid: bool) -> None:  # noqa: ANN001
     sandbox, variant = agent_sandbox(backend, FIX_BUG)
     try:
         FIX_BUG.oracle(sandbox, variant)
-        plant(sandbox, {"/workspace/mathutils.py": "+\nimport sys\n_caller = sys._getframe(0)\n"})
+        plant(sandbox, {"/workspace/mathutils.py": "+\n" + code})
         result = grade_episode(backend, sandbox, FIX_BUG, Episode(FIX_BUG.id, variant))
-        assert result.reward == 1.0  # flagged only: the default is detect_tampering: flag
-        assert [f["what"] for f in result.extra["tampering"]["findings"]] == ["sys._getframe"]
+        # the default is detect_tampering: strict (a strong finding is the agent's invalid, a weak one a flag)
+        assert (result.reward == 1.0) is paid and (result.invalid_cause == "agent") is not paid
+        assert what in [f["what"] for f in result.extra["tampering"]["findings"]]
     finally:
         sandbox.close()
 

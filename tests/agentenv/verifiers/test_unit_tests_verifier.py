@@ -246,17 +246,40 @@ def test_neutralised_workspace_config_is_recorded() -> None:
     assert result.reward == 1.0 and result.extra["neutralised"] == ["/workspace/conftest.py"]
 
 
-TAMPER = {"tampering": {"findings": [{"path": "lib.py", "line": 3, "what": "sys._getframe", "why": "x"}], "count": 1}}
+WEAK = {"tampering": {"findings": [{"path": "lib.py", "line": 3, "what": "atexit.register", "strength": "weak",
+                                    "why": "x"}], "count": 1, "strong": 0}}
+STRONG = {"tampering": {"findings": [{"path": "lib.py", "line": 3, "what": "sys._getframe", "strength": "strong",
+                                      "why": "x"}], "count": 1, "strong": 1}}
 
 
-def test_tampering_is_flagged_by_default_and_fails_when_asked() -> None:
-    flagged, sandbox = run(FakePytest(("test_a", "passed"), preflight=TAMPER))
+def test_strict_by_default_a_strong_finding_is_the_agents_invalid_and_a_weak_one_a_flag() -> None:
+    flagged, sandbox = run(FakePytest(("test_a", "passed"), preflight=WEAK))
     assert flagged.reward == 1.0 and flagged.extra["tampering"]["count"] == 1
     assert "--scan" in sandbox.grading_exec()[0]
-    failed, _ = run(FakePytest(("test_a", "passed"), preflight=TAMPER), UnitTestsVerifierSpec(detect_tampering="fail"))
-    assert agent_invalid(failed) and "sys._getframe" in failed.reason
+    strong, _ = run(FakePytest(("test_a", "passed"), preflight=STRONG))
+    assert agent_invalid(strong) and "sys._getframe" in strong.reason and "'strict'" in strong.reason
+
+
+def test_fail_counts_weak_findings_flag_counts_none_and_off_skips_the_scan() -> None:
+    failed, _ = run(FakePytest(("test_a", "passed"), preflight=WEAK), UnitTestsVerifierSpec(detect_tampering="fail"))
+    assert agent_invalid(failed) and "atexit.register" in failed.reason
+    flag, _ = run(FakePytest(("test_a", "passed"), preflight=STRONG), UnitTestsVerifierSpec(detect_tampering="flag"))
+    assert flag.reward == 1.0 and flag.extra["tampering"]["strong"] == 1
     _, off = run(FakePytest(("test_a", "passed")), UnitTestsVerifierSpec(detect_tampering="off"))
     assert "--scan" not in off.grading_exec()[0]
+
+
+def test_a_tamper_line_from_the_plugin_is_the_agents_invalid_even_when_everything_else_agrees() -> None:
+    class Tampered(FakePytest):
+        def __call__(self, sb, cmd):  # noqa: ANN001, ANN204
+            result = super().__call__(sb, cmd)
+            nonce = (sb.last_stdin or b"").decode().strip()
+            lines = result.stdout.split("\n")
+            lines.insert(3, nonce + ' {"k":"tamper","n":1,"what":["_pytest.reports.TestReport.__init__"]}')
+            return ExecResult(result.exit_code, "\n".join(lines), "")
+
+    result, _ = run(Tampered(("test_a", "passed")))
+    assert agent_invalid(result) and "TestReport.__init__" in result.reason
 
 
 # ---------------------------------------------------------------- a task's own command: JUnit and exit code
