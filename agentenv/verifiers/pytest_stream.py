@@ -158,6 +158,23 @@ def _same(a: tuple, b: tuple) -> bool:
     return _len(a) == _len(b) and all(x is y for x, y in _zip(a, b))
 
 
+def _intact(namespace: dict, names: tuple, recorded: dict, size: int) -> bool:
+    """The fast path of a check (it runs three times a test): nothing added, every recorded member as it was."""
+    if not names and _len(namespace) != size:
+        return False
+    get, function = namespace.get, types.FunctionType
+    for name, pins in recorded.items():
+        obj = get(name)
+        if obj is not pins[0]:
+            return False
+        if type(obj) is function:  # noqa: E721 - exactly a function: the common case, checked without _pins
+            if obj.__code__ is not pins[1] or obj.__defaults__ is not pins[2] or obj.__kwdefaults__ is not pins[3]:
+                return False
+        elif _len(pins) > 1 and not _same(_pins(obj), pins):
+            return False
+    return True
+
+
 def _codes(code: object, into: set) -> None:
     """``code`` and every code object nested in it (its functions, lambdas, comprehensions), by id."""
     if _isinstance(code, types.CodeType) and id(code) not in into:
@@ -175,7 +192,8 @@ class _Guard:
     """The identities that decide an outcome, recorded at load and compared at each check."""
 
     def __init__(self) -> None:
-        self.spaces: list = []  # (label, namespace, names or (), recorded members, the class or None)
+        # [label, namespace, names or (), recorded members, the class or None, its size, the names recorded at load]
+        self.spaces: list = []
         seen: set = set()
         for name in GUARDED_MODULES:
             module = sys.modules.get(name)
@@ -209,7 +227,8 @@ class _Guard:
         self.reported: set = set()
 
     def _add(self, label: str, namespace: dict, names: tuple = (), owner: type | None = None) -> None:
-        self.spaces.append((label, namespace, names, _members(namespace, names), owner))
+        recorded = _members(namespace, names)
+        self.spaces.append([label, namespace, names, recorded, owner, _len(namespace), frozenset(recorded)])
 
     def watch_plugin(self, plugin: dict) -> None:
         """This module's own functions, its references taken at load, the guard object and its class."""
@@ -253,14 +272,23 @@ class _Guard:
     def changed(self) -> list:
         """Names whose object, code or defaults differ from the record, or hook implementations added from elsewhere."""
         out = []
-        for label, namespace, names, recorded, owner in self.spaces:
+        for space in self.spaces:
+            label, namespace, names, recorded, owner, _, original = space
+            if _intact(namespace, names, recorded, space[5]):
+                continue
             now = _members(namespace, names)
+            bad = []
             for name in _sorted(set(recorded) | set(now)):
                 shadows = owner is not None and name not in recorded and any(name in k.__dict__ for k in owner.__mro__[1:])
                 if name in now and not shadows and self._pytests_own(now[name]):
                     continue
+                if name not in now and name not in original:  # pytest's own addition, unset again (_reprcompare)
+                    continue
                 if name not in now or name not in recorded or not _same(recorded[name], now[name]):
-                    out.append(f"{label}.{name}")
+                    bad.append(f"{label}.{name}")
+            if not bad:  # only what pytest itself set: the new baseline, so the fast path holds again
+                space[3], space[5] = now, _len(namespace)
+            out += bad
         if self.manager is not None:
             now = self._hooks()
             for name, pins in _sorted(now.items()):
