@@ -124,6 +124,6 @@ def test_a_timeout_of_an_exit_code_check_is_the_agents() -> None:
 
 
 def test_unit_tests_spec_takes_the_tampering_option() -> None:
-    assert UnitTestsVerifierSpec().detect_tampering == "flag"
+    assert UnitTestsVerifierSpec().detect_tampering == "strict"
     with pytest.raises(ValueError, match="detect_tampering"):
         UnitTestsVerifierSpec(detect_tampering="maybe")  # type: ignore[arg-type]
