@@ -630,7 +630,9 @@ def _guard(failed, path, fn, *args):
 
 
 XATTR_PREFIX = "SCHILY.xattr."
-INTERNAL_XATTRS = ("trusted.overlay.", "user.fuseoverlayfs.", "security.", "system.")
+# The same as sandboxes.overlay.INTERNAL_XATTRS (this file is copied into containers alone, so it
+# cannot import it; a test keeps the two equal).
+INTERNAL_XATTRS = ("trusted.overlay.", "user.overlay.", "user.fuseoverlayfs.", "security.", "system.")
 
 
 def _user_xattrs(path):

@@ -245,3 +245,11 @@ def test_an_untrusted_root_user_sandbox_is_never_reset_or_quiesced(backend_docke
         assert os.path.exists(f"/proc/{HostView(sb.container).init_pid()}")
     finally:
         sb.close()
+
+
+@pytest.mark.unit
+def test_the_agent_and_the_host_agree_on_which_xattrs_are_the_overlays() -> None:
+    import sandboxes.agent as agent
+    import sandboxes.overlay as overlay
+
+    assert agent.INTERNAL_XATTRS == overlay.INTERNAL_XATTRS
