@@ -42,8 +42,14 @@ class CheckpointNotFound(CheckpointError, FileNotFoundError):
     """A checkpoint folder, or a file a checkpoint must hold, is missing (the learner never downloads one)."""
 
 
+class CheckpointMismatch(CheckpointError, ValueError):
+    """A checkpoint does not fit what loads it: tensors missing or extra, another config, another run."""
+
+
+
 __all__ = [
     "CheckpointError",
+    "CheckpointMismatch",
     "CheckpointNotFound",
     "EmptyBatch",
     "LearnerConfigError",

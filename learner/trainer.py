@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from learner.errors import CheckpointNotFound, EmptyBatch, LearnerConfigError
+from learner.errors import CheckpointMismatch, CheckpointNotFound, EmptyBatch, LearnerConfigError
 from learner.losses import policy_loss
 from learner.metrics import trajectory_splits
 from learner.model import PolicyModel
@@ -97,6 +97,15 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tied_to_loaded(lm: torch.nn.Module, key: str, loaded: set[str]) -> bool:
+    """Whether parameter ``key`` shares its storage with a parameter that was loaded (tied embeddings)."""
+    params = dict(lm.named_parameters(remove_duplicate=False))
+    mine = params.get(key)
+    if mine is None:
+        return False
+    return any(other.data_ptr() == mine.data_ptr() for name, other in params.items() if name in loaded and name != key)
 
 
 class Trainer:
@@ -285,9 +294,22 @@ class Trainer:
         shards = sorted((where / "model").glob("*.safetensors"))
         if not shards:
             raise CheckpointNotFound(f"Trainer.load: no *.safetensors in {str(where / 'model')!r}")
+        expected = set(self.model.lm.state_dict())
+        loaded: set[str] = set()
         with torch.no_grad():
             for shard in shards:  # in place, so tied weights stay tied
-                self.model.lm.load_state_dict(load_file(str(shard), device=str(self.device)), strict=False)
+                part = load_file(str(shard), device=str(self.device))
+                unexpected = sorted(set(part) - expected)
+                if unexpected:
+                    raise CheckpointMismatch(
+                        f"Trainer.load: {str(where / 'model')!r} holds tensors this model does not have: {unexpected[:5]}"
+                    )
+                self.model.lm.load_state_dict(part, strict=False)
+                loaded |= set(part)
+        # Strict, except for what save_pretrained leaves out on purpose: a weight tied to one that was loaded.
+        missing = sorted(k for k in expected - loaded if not _tied_to_loaded(self.model.lm, k, loaded))
+        if missing:
+            raise CheckpointMismatch(f"Trainer.load: {str(where / 'model')!r} lacks tensors of this model: {missing[:5]}")
         blob = torch.load(where / _STATE_FILE, map_location="cpu", weights_only=True)
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])

@@ -31,12 +31,13 @@ scripted oracle policy uses this to know its task and harness).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -46,6 +47,7 @@ from agentenv.grading import grade_episode
 from agentenv.intent_exec import EpisodeState, IntentExecutor
 from agentenv.intents import Harness, Intent, ParsedTurn, ParseError
 from agentenv.types import Episode, Task, Variant, VerifierResult
+from rollout.gate import TurnGate
 from rollout.harnesses import get_harness
 from rollout.harnesses.rendering import EpisodeRenderer
 from rollout.policy.types import Generation, Policy, PolicyError, Prompt, SamplingParams
@@ -59,11 +61,21 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_THREADS = 64
 _TASK_CACHE = 256
+# The sandbox calls of the current attempt still running in a thread: a cancelled episode (a staleness abort)
+# waits for them before its sandbox is released, so no tool call writes after the reset has checked the sandbox.
+_IN_THREADS: contextvars.ContextVar[set[Future[Any]] | None] = contextvars.ContextVar("episode_threads", default=None)
 
 
 @dataclass(frozen=True)
 class EpisodeRequest:
-    """What to run. ``attempt`` counts reruns of the same ``episode_id`` (a retry after a lost sandbox)."""
+    """What to run. ``attempt`` counts reruns of the same ``episode_id`` (a retry after a lost sandbox).
+
+    ``policy`` names which of the runner's policies acts (``""``: its default), and
+    ``sampling`` overrides the runner's sampling for this episode: so one runner (a
+    Ray worker) serves the oracle warm start, training rollouts and greedy
+    evaluations without being rebuilt, and a request says everything that decides
+    its result.
+    """
 
     episode_id: str
     run_id: str
@@ -73,6 +85,8 @@ class EpisodeRequest:
     effort: str | None = None
     group_id: str = ""
     attempt: int = 0
+    policy: str = ""
+    sampling: SamplingParams | None = None
 
 
 @dataclass(frozen=True)
@@ -133,8 +147,12 @@ class EpisodeRunner:
         store: TrajectoryStore | None = None,
         sandbox_retries: int = 1,
         grade_in_place: bool = True,
+        policies: Mapping[str, Policy] | None = None,
+        gate: TurnGate | None = None,
     ) -> None:
         self.policy = policy
+        self.policies: dict[str, Policy] = dict(policies or {})
+        self.gate = gate
         self.backend = backend
         self.tokenizer = tokenizer
         self.sampling = sampling
@@ -163,7 +181,7 @@ class EpisodeRunner:
                 raise
             except Exception as exc:  # noqa: BLE001 - a bug or a broken task must not kill the worker
                 log.exception("episode %s failed outside the loop", req.episode_id)
-                traj = self._record(req, None, Status.INVALID, f"runner error: {type(exc).__name__}: {exc}", _Tally(), started)
+                traj = self._record(req, None, Status.ERROR, f"runner error: {type(exc).__name__}: {exc}", _Tally(), started)
             break
         if lost and traj.status is not Status.SANDBOX_LOST:
             traj = replace(traj, verifier={**dict(traj.verifier), "retries": lost})
@@ -186,7 +204,19 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------ one attempt
 
+    def policy_for(self, req: EpisodeRequest) -> Policy:
+        """The policy named by ``req.policy`` (the runner's own when empty); an unknown name is a bug of the caller."""
+        if not req.policy:
+            return self.policy
+        try:
+            return self.policies[req.policy]
+        except KeyError:
+            raise KeyError(
+                f"EpisodeRequest.policy: expected one of {sorted(self.policies)} (or '' for the default), got {req.policy!r}"
+            ) from None
+
     async def _attempt(self, req: EpisodeRequest, started: float) -> Trajectory:
+        _IN_THREADS.set(set())
         task = self._task(req.task_id)
         variant = task.variant(req.seed)
         harness = get_harness(req.harness)
@@ -204,14 +234,20 @@ class EpisodeRunner:
         except (SandboxLost, SandboxTimeout) as exc:
             raise _Lost(f"{type(exc).__name__}: {exc}") from exc
         finally:
+            # Cancelled mid tool call: the thread still runs; let it end before the reset inspects the sandbox.
+            running = [f for f in (_IN_THREADS.get() or ()) if not f.done()]
+            if running:
+                await asyncio.shield(asyncio.gather(*(asyncio.wrap_future(f) for f in running), return_exceptions=True))
             await self._blocking(self.sandboxes.release, lease)
 
     async def _play(
         self, req: EpisodeRequest, task: Task, variant: Variant, harness: Harness, lease: Lease, tally: _Tally, started: float
     ) -> Trajectory:
         sandbox, limits = lease.sandbox, task.limits
-        bind = getattr(self.policy, "for_episode", None)
-        policy: Policy = bind(EpisodeContext(req, task, variant, harness, sandbox)) if callable(bind) else self.policy
+        base = self.policy_for(req)
+        bind = getattr(base, "for_episode", None)
+        policy: Policy = bind(EpisodeContext(req, task, variant, harness, sandbox)) if callable(bind) else base
+        sampling_base = req.sampling or self.sampling
         prompt = harness.render(variant.instruction, req.effort)
         messages: list[Mapping[str, Any]] = [dict(m) for m in prompt.messages]
         tools = tuple(dict(t) for t in prompt.tools)
@@ -230,7 +266,9 @@ class EpisodeRunner:
             if budget_left <= 0:
                 status = Status.TRUNCATED
                 break
-            sampling = replace(self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, budget_left))
+            if self.gate is not None:  # held between turns while the learner trains: not charged to the episode
+                deadline += await self.gate.wait()
+            sampling = replace(sampling_base, max_new_tokens=min(sampling_base.max_new_tokens, budget_left))
             ask = Prompt(tuple(tally.renderer.prompt_ids()) if tally.renderer else (), tuple(messages), tools)
             t0 = time.monotonic()
             try:
@@ -361,7 +399,7 @@ class EpisodeRunner:
             seed=req.seed,
             harness=req.harness,
             effort=req.effort or "",
-            policy_version=min(versions) if versions else int(self.policy.version),
+            policy_version=min(versions) if versions else int(self._version_of(req)),
             status=status,
             reward=float(result.reward) if result is not None and status is not Status.INVALID and not result.invalid else 0.0,
             error=error,
@@ -383,9 +421,19 @@ class EpisodeRunner:
             self._tasks[task_id] = task
         return task
 
+    def _version_of(self, req: EpisodeRequest) -> int:
+        try:
+            return int(self.policy_for(req).version)
+        except KeyError:
+            return int(self.policy.version)
+
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads, functools.partial(fn, *args))
+        future = self._threads.submit(functools.partial(fn, *args))
+        running = _IN_THREADS.get()
+        if running is not None:
+            running.add(future)
+            future.add_done_callback(running.discard)
+        return await asyncio.wrap_future(future)
 
 
 def _intents(harness: Harness, parsed: ParsedTurn) -> list[Intent | ParseError]:

@@ -27,6 +27,10 @@ What it guarantees, and how:
 * **Exactly once.** Every planned episode ends as exactly one of: stored (under its
   planned id; ``put`` is idempotent), dropped as stale, or skipped (already stored
   by an earlier submission). ``RolloutReport.accounted`` checks the sum.
+* **Open mode** (the training engine's): ``keep_open=True`` keeps ``run()`` going
+  while the queue is empty; ``submit(request)`` adds an episode and returns a
+  future that resolves to its stored trajectory (``None`` when it was dropped as
+  stale); ``close()`` lets ``run()`` return once everything submitted is settled.
 """
 
 from __future__ import annotations
@@ -164,6 +168,7 @@ class Scheduler:
         on_event: Event | None = None,
         version: int = 0,
         skipped: int = 0,
+        keep_open: bool = False,
     ) -> None:
         if not workers:
             raise ConfigError("Scheduler: workers: expected at least one worker, got none")
@@ -184,16 +189,42 @@ class Scheduler:
         self._aborted: set[asyncio.Task[Trajectory]] = set()
         self._wake = asyncio.Event()
         self.max_in_flight = 0
+        self._open = keep_open
+        self._futures: dict[str, asyncio.Future[Trajectory | None]] = {}
+
+    # ------------------------------------------------------------------ open mode
+
+    def submit(self, request: EpisodeRequest) -> asyncio.Future[Trajectory | None]:
+        """Queue one more episode (open mode); the future resolves when it is stored (or dropped: None)."""
+        if request.episode_id in self._futures:
+            raise ConfigError(f"Scheduler.submit: episode_id: {request.episode_id!r} is already submitted")
+        future: asyncio.Future[Trajectory | None] = asyncio.get_running_loop().create_future()
+        self._futures[request.episode_id] = future
+        self._queue.append(request)
+        self.report.planned += 1
+        self._wake.set()
+        return future
+
+    def close(self) -> None:
+        """End open mode: ``run()`` returns when what was submitted is settled."""
+        self._open = False
+        self._wake.set()
+
+    def _resolve(self, req: EpisodeRequest, traj: Trajectory | None) -> None:
+        future = self._futures.pop(req.episode_id, None)
+        if future is not None and not future.done():
+            future.set_result(traj)
 
     # ------------------------------------------------------------------ learner hook
 
-    def publish(self, version: int) -> None:
-        """The learner has weights ``version``: tell workers, abort episodes now certain to be too stale."""
+    def publish(self, version: int, weights: Any = None) -> None:
+        """The learner has weights ``version``: tell workers (with ``weights``, e.g. ``[ObjectRef]``, for a
+        model policy), abort episodes now certain to be too stale."""
         if version < self.version:
             raise StalenessError(f"publish: version: versions only grow, expected >= {self.version}, got {version}")
         self.version = version
         for w in self.workers:
-            asyncio.ensure_future(w.set_policy_version(version))
+            asyncio.ensure_future(w.set_policy_version(version, weights))
         floor = version - self.staleness.max_lag
         for task, flight in self._flights.items():
             if flight.version < floor and task not in self._aborted:
@@ -209,7 +240,7 @@ class Scheduler:
     async def run(self) -> RolloutReport:
         """Until every request is stored, dropped or failed for good; returns the report."""
         t0 = time.perf_counter()
-        while self._queue or self._flights:
+        while self._queue or self._flights or self._open:
             self._dispatch()
             self._wake.clear()
             waiters: set[asyncio.Future[Any]] = set(self._flights)
@@ -278,11 +309,12 @@ class Scheduler:
             if self._spend(req, "worker_lost", self.worker_lost_retries):
                 self._requeue(req, "rerun")
             else:
-                await self._write(req, self._failure(req, f"worker lost {self.worker_lost_retries + 1} times: {exc}"))
+                reason = f"worker lost {self.worker_lost_retries + 1} times: {exc}"
+                await self._write(req, self._failure(req, reason, Status.WORKER_LOST))
             return
         if exc is not None:  # a bug in the worker: a bad rollout is data, not a crash of the run
             log.warning("episode %s raised %r", req.episode_id, exc)
-            await self._write(req, self._failure(req, f"worker raised {type(exc).__name__}: {exc}"))
+            await self._write(req, self._failure(req, f"worker raised {type(exc).__name__}: {exc}", Status.ERROR))
             return
         traj = task.result()
         if self.is_stale(traj):
@@ -302,6 +334,7 @@ class Scheduler:
             self.report.dropped += 1
             self.report.dropped_ids.append(req.episode_id)
             self._emit("drop", req, traj)
+            self._resolve(req, None)
 
     def _spend(self, req: EpisodeRequest, kind: str, budget: int) -> bool:
         key = (req.episode_id, kind)
@@ -328,8 +361,9 @@ class Scheduler:
         r.by_status[traj.status.value] = r.by_status.get(traj.status.value, 0) + 1
         r.tool_calls += sum(t.tool_calls for t in traj.turns)
         self._emit("stored", req, traj)
+        self._resolve(req, traj)
 
-    def _failure(self, req: EpisodeRequest, reason: str) -> Trajectory:
+    def _failure(self, req: EpisodeRequest, reason: str, status: Status) -> Trajectory:
         return Trajectory(
             episode_id=req.episode_id,
             run_id=req.run_id,
@@ -339,7 +373,7 @@ class Scheduler:
             harness=req.harness,
             effort=req.effort or "",
             policy_version=self.version,
-            status=Status.SANDBOX_LOST,
+            status=status,
             reward=0.0,
             error=reason[:2000],
         )

@@ -44,6 +44,10 @@ class Status(str, enum.Enum):
     ``policy_error``: the model server failed (not a malformed tool call: that is a
     tool error inside an ``ok`` episode).
     ``invalid``: the verifier could not decide; never counted as pass or fail.
+    ``worker_lost``: the rollout worker (process or node) died under the episode more
+    often than its rerun budget allows; infrastructure, not the policy.
+    ``error``: a bug in the runner or worker (an exception outside the episode loop);
+    infrastructure, not the policy and not the verifier.
     """
 
     OK = "ok"
@@ -52,6 +56,8 @@ class Status(str, enum.Enum):
     SANDBOX_LOST = "sandbox_lost"
     POLICY_ERROR = "policy_error"
     INVALID = "invalid"
+    WORKER_LOST = "worker_lost"
+    ERROR = "error"
 
 
 #: Statuses whose reward is a real grade of what the model did. The others say

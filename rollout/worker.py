@@ -12,6 +12,16 @@ Weights: ``set_policy_version(version, weights)`` only records the new version;
 it is applied when the next episode starts, so an episode's first turn never
 races a swap. Episodes already running see the new weights from their next
 turn on, which the runner records per turn (``Turn.policy_version``).
+``weights`` is a state dict, or ``[ObjectRef]`` of one: the learner ``ray.put``s
+each version once and every worker fetches it from the object store (the list
+keeps Ray from fetching it at call time, so a broadcast returns at once and a
+worker pays the fetch only before its next episode).
+
+Training workers (``WorkerSpec.train_model`` set) hold two policies: ``train``,
+the learner's model architecture built from its config (weights arrive as
+version 0 before any episode), and ``oracle``, the scripted policy of the warm
+start; ``EpisodeRequest.policy`` picks one. ``pause()`` / ``resume()`` hold
+episodes at their next turn boundary while the learner trains (``rollout.gate``).
 
 ``RayWorkerClient`` is what the scheduler talks to. When the actor dies under
 an episode (``ray.kill``, OOM, node lost: ``RayActorError``) it waits for Ray's
@@ -40,7 +50,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RayWorkerClient", "RolloutWorker", "WorkerSpec", "apply_version", "build_policy", "start_worker"]
+__all__ = [
+    "RayWorkerClient", "RolloutWorker", "WorkerSpec", "apply_version", "build_policy", "build_train_policy", "start_worker",
+]
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,12 @@ class WorkerSpec:
     pool_size: int = 2
     sandbox_retries: int = 1
     grading: Literal["in_place", "fork"] = "in_place"
+    #: training workers: the learner model's Hugging Face config (``config.to_dict()``); None for rollout jobs
+    train_model: dict[str, Any] | None = None
+    #: the tokenizer of ``train_model``: a local directory, or None for the project tokenizer
+    tokenizer: str | None = None
+    #: torch threads of the worker process (None: torch's default, every core)
+    torch_threads: int | None = None
 
     @classmethod
     def from_config(cls, cfg: RolloutConfig) -> WorkerSpec:
@@ -104,6 +122,28 @@ def build_policy(cfg: PolicyConfig) -> tuple[Policy, Any]:
     return OpenAIPolicy(cfg.url, cfg.model, api_key=key, timeout_s=cfg.timeout_s), None
 
 
+def build_train_policy(model_config: dict[str, Any], tokenizer_dir: str | None) -> tuple[Policy, Any]:
+    """The learner's architecture with fresh weights (the real ones arrive as version 0) and its tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rollout.policy.hf import HFPolicy
+
+    if tokenizer_dir:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    else:
+        from rollout.tokenizer import build_tokenizer
+
+        tokenizer = build_tokenizer()
+    data = dict(model_config)
+    config = AutoConfig.for_model(data.pop("model_type"), **data)
+    with torch.device("cpu"):
+        model = AutoModelForCausalLM.from_config(config)
+    return HFPolicy(model, tokenizer, name="train-policy", version=-1), tokenizer
+
+
 def make_backend(kind: str, run_id: str) -> Any:
     """The sandbox backend named by a config (``docker`` or ``local``), labelled with ``run_id``.
 
@@ -134,9 +174,23 @@ class RolloutWorker:
 
         self.spec = spec
         self.index = index
+        from rollout.gate import TurnGate
+
+        if spec.torch_threads:
+            import torch
+
+            torch.set_num_threads(spec.torch_threads)
         self.backend = _backend(spec.backend, spec.run_id)
-        policy, tokenizer = build_policy(spec.policy)
+        policies: dict[str, Policy] = {}
+        if spec.train_model is not None:
+            policy, tokenizer = build_train_policy(spec.train_model, spec.tokenizer)
+            from rollout.policy.scripted import ScriptedPolicy
+
+            policies = {"train": policy, "oracle": ScriptedPolicy()}
+        else:
+            policy, tokenizer = build_policy(spec.policy)
         s = spec.sampling
+        self.gate = TurnGate()
         self.runner = EpisodeRunner(
             policy,
             backend=self.backend,
@@ -146,6 +200,8 @@ class RolloutWorker:
             store=None,  # the scheduler writes, after the staleness check
             sandbox_retries=spec.sandbox_retries,
             grade_in_place=spec.grading == "in_place",
+            policies=policies,
+            gate=self.gate,
         )
         self._pending: tuple[int, Any] | None = None
         self.running = 0
@@ -159,7 +215,11 @@ class RolloutWorker:
         if self._pending is not None:  # between episodes: the new weights start with this one
             version, weights = self._pending
             self._pending = None
-            self.runner.policy = apply_version(self.runner.policy, version, weights)
+            if isinstance(weights, list) and weights:  # [ObjectRef]: fetched from the object store now
+                weights = await weights[0]
+            self.runner.policy = await asyncio.to_thread(apply_version, self.runner.policy, version, weights)
+            if "train" in self.runner.policies:
+                self.runner.policies["train"] = self.runner.policy
         self.running += 1
         try:
             return await self.runner.run(request)
@@ -176,16 +236,44 @@ class RolloutWorker:
 
     def set_policy_version(self, version: int, weights: Any = None) -> None:
         """Take weights ``version`` (and the weights, for a model policy) before the next episode."""
-        if version < self.runner.policy.version:
+        if version < self.runner.policy.version or (self._pending is not None and version < self._pending[0]):
             return  # a late broadcast of an older version must not roll the worker back
         self._pending = (version, weights)
 
+    async def load_now(self) -> int:
+        """Apply pending weights at once (the first version, before any episode); returns the version held."""
+        if self._pending is not None:
+            version, weights = self._pending
+            self._pending = None
+            if isinstance(weights, list) and weights:
+                weights = await weights[0]
+            self.runner.policy = await asyncio.to_thread(apply_version, self.runner.policy, version, weights)
+            if "train" in self.runner.policies:
+                self.runner.policies["train"] = self.runner.policy
+        return int(self.runner.policy.version)
+
+    def pause(self) -> None:
+        """Hold every episode at its next turn boundary (the learner is training)."""
+        self.gate.close()
+
+    def resume(self) -> None:
+        self.gate.open()
+
     def info(self) -> dict[str, Any]:
         """Where the worker lives and what it is doing (also the liveness ping of the client)."""
+        node = ""
+        try:
+            import ray
+
+            if ray.is_initialized():
+                node = ray.get_runtime_context().get_node_id()
+        except Exception:  # noqa: BLE001 - outside Ray (tests, a debugger)
+            node = ""
         return {
             "index": self.index,
             "pid": os.getpid(),
             "host": socket.gethostname(),
+            "node_id": node,
             "version": self.runner.policy.version,
             "running": self.running,
             "finished": self.finished,
@@ -202,9 +290,10 @@ class RolloutWorker:
             self.backend.close()
 
 
-def start_worker(cfg: RolloutConfig, index: int) -> Any:
+def start_worker(cfg: RolloutConfig, index: int, spec: WorkerSpec | None = None) -> Any:
     """A new ``RolloutWorker`` actor for ``cfg``: async, ``concurrency`` episodes at once, placed by
-    ``cfg.ray.worker_resource``, restarted by Ray up to ``retries.worker_restarts`` times."""
+    ``cfg.ray.worker_resource``, restarted by Ray up to ``retries.worker_restarts`` times. ``spec``
+    defaults to ``WorkerSpec.from_config(cfg)`` (the training engine passes its own)."""
     import ray
 
     options: dict[str, Any] = {
@@ -216,7 +305,7 @@ def start_worker(cfg: RolloutConfig, index: int) -> Any:
     if cfg.ray.worker_resource:
         options["resources"] = {cfg.ray.worker_resource: 1}
     actor_cls = ray.remote(RolloutWorker)
-    return actor_cls.options(**options).remote(WorkerSpec.from_config(cfg), index)  # type: ignore[attr-defined]
+    return actor_cls.options(**options).remote(spec or WorkerSpec.from_config(cfg), index)  # type: ignore[attr-defined]
 
 
 class RayWorkerClient:
@@ -296,6 +385,23 @@ class RayWorkerClient:
 
     async def info(self) -> dict[str, Any]:
         return await self.actor.info.remote()  # type: ignore[no-any-return]
+
+    async def load_now(self) -> int:
+        return await self.actor.load_now.remote()  # type: ignore[no-any-return]
+
+    async def pause(self) -> None:
+        await self._quietly(self.actor.pause)
+
+    async def resume(self) -> None:
+        await self._quietly(self.actor.resume)
+
+    async def _quietly(self, method: Any) -> None:
+        from ray.exceptions import RayActorError
+
+        try:
+            await method.remote()
+        except RayActorError:
+            pass  # dead: its episodes are rerun elsewhere, and a replacement starts with the gate open
 
     async def warm(self, task_ids: list[str], per_image: int) -> dict[str, Any]:
         return await self.actor.warm.remote(task_ids, per_image)  # type: ignore[no-any-return]

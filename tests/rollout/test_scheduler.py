@@ -71,8 +71,9 @@ class FakeWorker:
         finally:
             self.running -= 1
 
-    async def set_policy_version(self, version: int) -> None:
+    async def set_policy_version(self, version: int, weights: object = None) -> None:
         self.version = version
+        self.weights = weights
 
 
 def run(s: Scheduler):  # type: ignore[no-untyped-def]
@@ -151,7 +152,8 @@ def test_worker_lost_episodes_are_rerun_and_a_crash_becomes_a_record() -> None:
     assert report.rerun == 1 and report.accounted and len(store.rows) == 3
     assert store.rows[plan[0].episode_id].status is Status.OK
     bad = store.rows[plan[1].episode_id]
-    assert bad.status is Status.SANDBOX_LOST and "bug in the runner" in bad.error and bad.domain == "general"
+    # a worker's exception is a bug, stored as ``error`` (infrastructure), not as a lost sandbox
+    assert bad.status is Status.ERROR and "bug in the runner" in bad.error and bad.domain == "general"
 
 
 @pytest.mark.parametrize("policy", [StalePolicy.ABORT_AND_RESUME, StalePolicy.DROP])
@@ -226,3 +228,32 @@ def test_a_group_stays_on_its_home_worker_and_idle_workers_steal() -> None:
     workers = [FakeWorker(slots=1, delay=0.05), FakeWorker(slots=1, delay=0.05)]
     assert run(Scheduler(lone, workers, FakeStore())).stored == 4
     assert all(w.calls for w in workers)
+
+
+def test_open_mode_takes_submissions_until_closed_and_resolves_each_once() -> None:
+    """The engine's mode: episodes arrive while others run; each future resolves to its stored trajectory."""
+    plan = plan_episodes(cfg(seeds=[0, 1], group_size=2), ["t"])
+    store = FakeStore()
+    worker = FakeWorker()
+
+    async def main() -> list[object]:
+        s = Scheduler([], [worker], store, keep_open=True)
+        runner = asyncio.ensure_future(s.run())
+        first = [s.submit(r) for r in plan[:2]]
+        got = list(await asyncio.gather(*first))
+        assert not runner.done()  # open: waiting for more
+        s.publish(3, ["weights-ref"])
+        await asyncio.sleep(0)
+        later = [s.submit(r) for r in plan[2:]]
+        got += list(await asyncio.gather(*later))
+        with pytest.raises(ConfigError, match="already submitted"):
+            s.submit(plan[3])
+        s.close()
+        report = await runner
+        assert report.planned == 4 and report.stored == 4 and report.accounted
+        return got
+
+    got = asyncio.run(main())
+    assert [t.episode_id for t in got] == [r.episode_id for r in plan]  # type: ignore[attr-defined]
+    assert worker.weights == ["weights-ref"]  # the weights travel with the version, never a bare number
+    assert [t.policy_version for t in got[2:]] == [3, 3]  # type: ignore[attr-defined]
