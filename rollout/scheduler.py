@@ -191,15 +191,17 @@ class Scheduler:
         self.max_in_flight = 0
         self._open = keep_open
         self._futures: dict[str, asyncio.Future[Trajectory | None]] = {}
+        self._submitted: set[str] = set()  # an episode id runs once per scheduler, whatever became of it
 
     # ------------------------------------------------------------------ open mode
 
     def submit(self, request: EpisodeRequest) -> asyncio.Future[Trajectory | None]:
         """Queue one more episode (open mode); the future resolves when it is stored (or dropped: None)."""
-        if request.episode_id in self._futures:
+        if request.episode_id in self._submitted:
             raise ConfigError(f"Scheduler.submit: episode_id: {request.episode_id!r} is already submitted")
         future: asyncio.Future[Trajectory | None] = asyncio.get_running_loop().create_future()
         self._futures[request.episode_id] = future
+        self._submitted.add(request.episode_id)
         self._queue.append(request)
         self.report.planned += 1
         self._wake.set()

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from rollout.config import RolloutConfig, StalenessConfig, StalePolicy, parse_config
+from rollout.config import ConfigError, RolloutConfig, StalenessConfig, StalePolicy, parse_config
 from rollout.scheduler import Scheduler, WorkerLost, plan_episodes
 from rollout.types import Status, Trajectory, Turn
 
