@@ -1,0 +1,146 @@
+"""The contract of evaluation sweeps: outcomes, cell keys and per-episode results.
+
+An evaluation episode ends as exactly one ``Outcome``. The split is the point of
+this package: an infrastructure failure (a lost sandbox or worker, an endpoint
+that kept answering 429/5xx, a runner bug) says nothing about the policy, so it
+is retried and, if the retries run out, *counted beside* the score, never inside
+its denominator as a failure; an ``invalid`` episode (the grader could not
+decide) is counted apart too. Only ``passed`` and ``failed`` are scored.
+
+A ``CellKey`` holds everything that can change an episode's result, so two
+episodes with equal keys are interchangeable (resume reuses a stored one) and
+two with different keys never are (an edited temperature makes new cells).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rollout.errors import RolloutError
+
+__all__ = [
+    "INFRA_STATUSES",
+    "CellKey",
+    "EpisodeResult",
+    "EvalError",
+    "Outcome",
+    "ResumeRefused",
+    "SweepConfigError",
+    "outcome_of",
+]
+
+
+class EvalError(RolloutError):
+    """Base of every error raised by ``rollout.eval``."""
+
+
+class SweepConfigError(EvalError, ValueError):
+    """A sweep file, one of its fields, or a command argument is invalid (the message names it)."""
+
+
+class ResumeRefused(EvalError, ValueError):
+    """``--resume`` against a sweep whose stored config differs in a field that changes results."""
+
+
+class Outcome(str, enum.Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    INVALID = "invalid"
+    INFRASTRUCTURE = "infrastructure"
+
+
+#: Trajectory statuses (by value, so a status added later, like ``error``, needs no import) that mean
+#: the infrastructure failed: retried, then counted apart, never as the policy's failure.
+INFRA_STATUSES: frozenset[str] = frozenset({"sandbox_lost", "policy_error", "error"})
+_RUNNER_BUG = "runner error:"  # EpisodeRunner's record of its own exception, before Status.ERROR existed
+
+
+def outcome_of(status: str, reward: float, error: str = "", passed: bool | None = None) -> Outcome:
+    """The outcome of a stored episode: infrastructure and invalid first, then the verifier's verdict.
+
+    ``passed`` is the verifier's own flag when it gave one; otherwise full reward means passed.
+    Truncated and timed-out episodes are graded, so they pass or fail like any other.
+    """
+    status = str(getattr(status, "value", status))
+    if status in INFRA_STATUSES or (status == "invalid" and error.startswith(_RUNNER_BUG)):
+        return Outcome.INFRASTRUCTURE
+    if status == "invalid":
+        return Outcome.INVALID
+    ok = bool(passed) if passed is not None else reward >= 1.0 - 1e-9
+    return Outcome.PASSED if ok else Outcome.FAILED
+
+
+@dataclass(frozen=True)
+class CellKey:
+    """One planned episode of a sweep. ``policy_id`` is the policy's identity: its kind, its weights'
+    hash or served version, and its sampling settings, hashed (see ``PolicySpec.identity``)."""
+
+    policy: str
+    policy_id: str
+    task_id: str
+    seed: int
+    harness: str
+    effort: str
+    sample: int
+
+    @property
+    def digest(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def episode_id(self, sweep_id: str) -> str:
+        """Readable and unique: the axes in order, then the digest of the whole key."""
+        return f"{sweep_id}/{self.policy}/{self.task_id}/s{self.seed}/{self.harness}/{self.effort}/k{self.sample}#{self.digest}"
+
+    @property
+    def variant(self) -> tuple[str, int, str, str]:
+        """The cluster of a standard error: one task variant under one harness and effort."""
+        return (self.task_id, self.seed, self.harness, self.effort)
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """One stored episode of a sweep, flattened for statistics and for ``episodes.parquet``."""
+
+    episode_id: str
+    policy: str
+    policy_id: str
+    task_id: str
+    domain: str
+    seed: int
+    harness: str
+    effort: str
+    sample: int
+    status: str
+    outcome: Outcome
+    reward: float
+    error: str = ""
+    policy_version: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    thinking_tokens: int = 0
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    wall_s: float = 0.0
+    infra_retries: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scored(self) -> bool:
+        return self.outcome in (Outcome.PASSED, Outcome.FAILED)
+
+    @property
+    def variant(self) -> tuple[str, int, str, str]:
+        return (self.task_id, self.seed, self.harness, self.effort)
+
+    def row(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["outcome"] = self.outcome.value
+        out["passed"] = self.outcome is Outcome.PASSED
+        out["extra"] = json.dumps(self.extra, sort_keys=True)
+        return out
