@@ -15,7 +15,6 @@ resume runs exactly the cells whose ids are not stored yet.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from rollout.episode import EpisodeRequest
@@ -25,15 +24,20 @@ from rollout.eval.types import CellKey, ResumeRefused
 __all__ = ["CellRequest", "check_lock", "plan_cells", "stored_ids"]
 
 
-@dataclass(frozen=True)
-class CellRequest(EpisodeRequest):
-    """An ``EpisodeRequest`` that names the sweep policy playing it (``EvalWorker`` routes on it)."""
-
-    policy: str = ""
+#: A cell's request: an ``EpisodeRequest`` whose ``policy`` names the sweep policy and whose
+#: ``sampling`` is that policy's own (so the request says everything that decides its result).
+CellRequest = EpisodeRequest
 
 
 def plan_cells(cfg: SweepConfig, task_ids: list[str], identities: Mapping[str, dict[str, Any]]) -> list[tuple[CellKey, CellRequest]]:
     """Every cell of the sweep: tasks x seeds x harnesses x efforts x samples x policies."""
+    from rollout.policy.types import SamplingParams
+
+    sampling = {
+        p.name: SamplingParams(temperature=p.sampling.temperature, top_p=p.sampling.top_p,
+                               max_new_tokens=p.sampling.max_new_tokens) if p.samples_model else None
+        for p in cfg.policies
+    }
     out: list[tuple[CellKey, CellRequest]] = []
     for task_id in task_ids:
         for seed in cfg.seeds:
@@ -46,6 +50,7 @@ def plan_cells(cfg: SweepConfig, task_ids: list[str], identities: Mapping[str, d
                             req = CellRequest(
                                 episode_id=key.episode_id(cfg.sweep_id), run_id=cfg.sweep_id, task_id=task_id,
                                 seed=seed, harness=harness, effort=effort, group_id=group, policy=p.name,
+                                sampling=sampling[p.name],
                             )
                             out.append((key, req))
     return out

@@ -55,7 +55,7 @@ class Outcome(str, enum.Enum):
 
 #: Trajectory statuses (by value, so a status added later, like ``error``, needs no import) that mean
 #: the infrastructure failed: retried, then counted apart, never as the policy's failure.
-INFRA_STATUSES: frozenset[str] = frozenset({"sandbox_lost", "policy_error", "error"})
+INFRA_STATUSES: frozenset[str] = frozenset({"sandbox_lost", "policy_error", "worker_lost", "error"})
 _RUNNER_BUG = "runner error:"  # EpisodeRunner's record of its own exception, before Status.ERROR existed
 
 

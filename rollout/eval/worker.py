@@ -4,7 +4,9 @@ Why not ``rollout.worker.RolloutWorker``: that worker plays one policy. A sweep
 plays several on the same variants, and the warm sandboxes of an image should
 serve all of them, so ``EvalWorker`` builds one ``EpisodeRunner`` per policy and
 gives them one shared ``PristineSandboxes`` (pools and variant snapshots),
-routing each ``CellRequest`` by its ``policy`` field.
+routing each request by its ``policy`` field. A runner per policy, not one
+runner with every policy, because a runner has one tokenizer: a local
+checkpoint renders token ids, a reference or a chat endpoint must not.
 
 ``EvalWorkerClient`` extends ``RayWorkerClient`` (which survives the actor's
 death and raises ``WorkerLost`` for the scheduler to rerun) with the sweep's
@@ -31,7 +33,7 @@ from rollout.types import Trajectory
 from rollout.worker import RayWorkerClient
 
 if TYPE_CHECKING:
-    from rollout.eval.cells import CellRequest
+    from rollout.episode import EpisodeRequest as CellRequest
     from rollout.eval.config import PolicySpec, SweepConfig
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,7 @@ class EvalWorker:
                 backend=self.backend, tokenizer=tokenizer,
                 sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens),
                 pool_size=spec.pool_size, store=None, sandbox_retries=spec.sandbox_retries,
-                grade_in_place=spec.grading == "in_place",
+                grade_in_place=spec.grading == "in_place", policies={p.name: counted},  # type: ignore[dict-item]
             )
             if shared is None:
                 shared = runner.sandboxes
