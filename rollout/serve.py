@@ -17,6 +17,25 @@ them: ``prompt_token_ids`` (response, and each completions choice) and
 and response ``agentenv`` = ``{policy_version, sampled_mask, budget_closed,
 thinking_tokens}``.
 
+**Weights and versions** (in the style of SGLang's ``update_weights_from_disk``):
+``POST /update_weights_from_disk {"model_path": DIR, "version": N}`` loads a
+Hugging Face checkpoint directory (``save_pretrained`` layout: safetensors,
+sharded or not, or ``pytorch_model.bin``) strictly: every tensor of the model
+must be there with its shape, nothing else may be (tied weights excepted). A
+bad path, a mismatched state dict or a version older than the loaded one is a
+4xx ``{"success": false, "message", "error": {..., "param"}}`` naming the field,
+and the old weights stay loaded. The same version may be loaded again (a retry).
+The checkpoint is checked from its headers *before* serving pauses; then the
+swap waits for the requests in flight to finish **on the old weights** (as
+SGLang does with ``abort_all_requests=false``; nothing is aborted) while new
+requests wait and are sampled on the new weights. ``drain_timeout_s`` bounds
+that wait: past it the update is refused (503) and nothing changed. Tensors are
+memory-mapped, never held twice in memory. ``GET /get_model_info`` reports
+``version``, ``model_path``, ``num_running_requests``, ``num_waiting_requests``
+and ``update_pending``;
+every completion and chat response carries the version that sampled it in
+``agentenv.policy_version`` and the ``X-Policy-Version`` header.
+
 Differences from OpenAI / vLLM, on purpose: stop strings stay in the returned
 text (tool calls end with one; ``include_stop_str_in_output`` is accepted and
 always true), ``n`` must be 1, no streaming, no ``echo``. The reported logprob
@@ -34,14 +53,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from rollout.errors import ServeError
 from rollout.harnesses.parsing import extract_text
 from rollout.policy.hf import HFPolicy
 from rollout.policy.types import FinishReason, Generation, PolicyError, Prompt, SamplingParams, ThinkingBudget
+from rollout.serve_weights import CheckpointMismatch, UpdateGate, checked_version, read_checkpoint
+
+VERSION_HEADER = "X-Policy-Version"
 
 
 class _Sampling(BaseModel):
@@ -91,10 +113,24 @@ class CompletionRequest(_Sampling):
     echo: bool = False
 
 
+class UpdateWeightsRequest(BaseModel):
+    """``POST /update_weights_from_disk``. SGLang's optional fields are accepted where they mean the same here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_path: str
+    version: int | None = Field(default=None, ge=0)
+    weight_version: str | None = None  # SGLang's name; used when ``version`` is not given
+    load_format: str | None = None
+    flush_cache: bool = True  # there is no cache across requests: nothing to flush
+    abort_all_requests: bool = False
+    drain_timeout_s: float = Field(default=600.0, gt=0)
+
+
 class _HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+        self.status, self.message, self.kind, self.param = status, message, kind, param
 
 
 def _finish(g: Generation, has_calls: bool) -> str:
@@ -130,15 +166,27 @@ def split_tool_calls(text: str) -> tuple[str | None, str | None, list[dict[str, 
     return ex.text or None, ex.reasoning or None, calls
 
 
-def create_app(policy: HFPolicy, model_name: str, *, default_max_tokens: int = 256) -> FastAPI:
-    """The FastAPI app serving ``policy`` under ``model_name``."""
+def create_app(
+    policy: HFPolicy, model_name: str, *, default_max_tokens: int = 256, model_path: str | None = None
+) -> FastAPI:
+    """The FastAPI app serving ``policy`` under ``model_name``.
+
+    ``model_path`` is what ``/get_model_info`` reports until the first weight
+    update (default: ``model_name``); the loaded version is ``policy.version``.
+    """
     app = FastAPI(title="agentenv serve", version="1")
     tok = policy.tokenizer
     started = int(time.time())
+    gate = UpdateGate()
+    swap_lock = asyncio.Lock()
+    loaded = {"model_path": model_path or model_name, "loaded_at": time.time(), "broken": ""}
 
     @app.exception_handler(_HTTPError)
     async def _http_error(_: Request, exc: _HTTPError) -> JSONResponse:
-        return JSONResponse({"error": {"message": exc.message, "type": exc.kind, "code": exc.status}}, exc.status)
+        error: dict[str, Any] = {"message": exc.message, "type": exc.kind, "code": exc.status}
+        if exc.param is not None:
+            error["param"] = exc.param
+        return JSONResponse({"success": False, "message": exc.message, "error": error}, exc.status)
 
     def _check(req: _Sampling) -> None:
         if req.model != model_name:
@@ -151,7 +199,10 @@ def create_app(policy: HFPolicy, model_name: str, *, default_max_tokens: int = 2
         if max_tokens is not None:
             sampling = SamplingParams(sampling.temperature, sampling.top_p, max_tokens, sampling.stop, sampling.seed)
         try:
-            return await policy.generate(Prompt(token_ids=ids), sampling, req.budget())
+            async with gate.request():
+                if loaded["broken"]:
+                    raise _HTTPError(503, f"no usable weights: {loaded['broken']}; load a checkpoint again", "server_error")
+                return await policy.generate(Prompt(token_ids=ids), sampling, req.budget())
         except ValueError as exc:
             raise _HTTPError(400, str(exc)) from exc
         except PolicyError as exc:
@@ -160,12 +211,64 @@ def create_app(policy: HFPolicy, model_name: str, *, default_max_tokens: int = 2
     def _token_str(t: int, as_ids: bool) -> str:
         return f"token_id:{t}" if as_ids else str(tok.decode([t]))
 
+    @app.get("/get_model_info")
+    async def model_info(response: Response) -> dict[str, Any]:
+        response.headers[VERSION_HEADER] = str(policy.version)
+        return {
+            "model_path": loaded["model_path"], "served_model_name": model_name,
+            "version": policy.version, "weight_version": str(policy.version),
+            "loaded_at": loaded["loaded_at"], "num_running_requests": gate.running,
+            "num_waiting_requests": gate.waiting, "update_pending": gate.swap_pending, "usable": not loaded["broken"],
+        }
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights(req: UpdateWeightsRequest, response: Response) -> dict[str, Any]:
+        if req.abort_all_requests:
+            raise _HTTPError(400, "abort_all_requests: only false is supported (requests in flight finish on the old weights)",
+                             param="abort_all_requests")
+        if req.load_format not in (None, "auto", "safetensors", "pt"):
+            raise _HTTPError(400, f"load_format: expected auto, safetensors or pt, got {req.load_format!r}", param="load_format")
+        raw: object = req.version if req.version is not None else req.weight_version
+        if raw is None:
+            raise _HTTPError(400, "version: required (an int >= the loaded version)", param="version")
+        async with swap_lock:  # one update at a time; the version check and the swap belong together
+            previous = policy.version
+            start = time.monotonic()
+            try:
+                version = checked_version(raw, previous)
+                # Checked from the headers before anything pauses: a bad checkpoint never stops serving.
+                state = await asyncio.to_thread(read_checkpoint, req.model_path, policy.model)
+            except CheckpointMismatch as exc:
+                status = 409 if exc.field == "version" else 400
+                raise _HTTPError(status, str(exc), param=exc.field) from exc
+            try:
+                async with gate.swap(req.drain_timeout_s) as paused:
+                    paused_at = time.monotonic()
+                    try:
+                        await asyncio.to_thread(policy.load_state_dict, state, version)
+                    except Exception as exc:  # noqa: BLE001 - a failed copy leaves mixed weights: say so, serve nothing
+                        loaded["broken"] = f"loading {req.model_path!r} failed midway ({type(exc).__name__}: {exc})"
+                        raise _HTTPError(500, loaded["broken"], "server_error", "model_path") from exc
+                    pause_s = time.monotonic() - paused_at
+            except TimeoutError as exc:
+                raise _HTTPError(503, f"drain_timeout_s: requests in flight did not finish within {req.drain_timeout_s}s; "
+                                 f"version {previous} stays loaded", "server_error", "drain_timeout_s") from exc
+            finally:
+                del state
+            loaded.update(model_path=req.model_path, loaded_at=time.time(), broken="")
+        response.headers[VERSION_HEADER] = str(version)
+        return {
+            "success": True, "message": f"loaded version {version} from {req.model_path}",
+            "version": version, "previous_version": previous, "model_path": req.model_path,
+            "num_paused_requests": paused, "load_s": round(time.monotonic() - start, 4), "pause_s": round(pause_s, 4),
+        }
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": started, "owned_by": "agentenv"}]}
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest) -> dict[str, Any]:
+    async def chat(req: ChatRequest, response: Response) -> dict[str, Any]:
         _check(req)
         try:
             text = tok.apply_chat_template(
@@ -184,6 +287,7 @@ def create_app(policy: HFPolicy, model_name: str, *, default_max_tokens: int = 2
                  "bytes": list(str(tok.decode([t])).encode()), "top_logprobs": []}
                 for t, lp in zip(g.token_ids, g.logprobs)
             ]}
+        response.headers[VERSION_HEADER] = str(g.policy_version)
         message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
         if calls:
             message["tool_calls"] = calls
@@ -198,7 +302,7 @@ def create_app(policy: HFPolicy, model_name: str, *, default_max_tokens: int = 2
         }
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> dict[str, Any]:
+    async def completions(req: CompletionRequest, response: Response) -> dict[str, Any]:
         _check(req)
         if req.echo:
             raise _HTTPError(400, "echo is not supported")
@@ -214,6 +318,7 @@ def create_app(policy: HFPolicy, model_name: str, *, default_max_tokens: int = 2
         if max(ids, default=0) >= len(tok) or min(ids, default=0) < 0:
             raise _HTTPError(400, f"prompt token ids must be in [0, {len(tok)})")
         g = await _run(ids, req, 16 if req.max_tokens is None else None)
+        response.headers[VERSION_HEADER] = str(g.policy_version)
         logprobs = None
         if req.logprobs is not None:
             pieces = [str(tok.decode([t])) for t in g.token_ids]
@@ -267,16 +372,22 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, *, tim
 
 
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, *, device: str = "cpu", seed: int = 0,
-          served_name: str | None = None, default_max_tokens: int = 256) -> None:
-    """Load ``model`` (a local checkpoint path, or ``"tiny"``) and serve it until interrupted."""
+          served_name: str | None = None, default_max_tokens: int = 256, version: int = 0) -> None:
+    """Load ``model`` (a local checkpoint path, or ``"tiny"``) as ``version`` and serve it until interrupted."""
     import uvicorn
 
     from rollout.policy.models import load_model
 
+    if version < 0:
+        raise ValueError(f"version: expected an int >= 0, got {version}")
     loaded, tok = load_model(model, device=device, seed=seed)
     name = served_name or model
-    policy = HFPolicy(loaded, tok, device=device, name=f"hf:{name}")
-    uvicorn.run(create_app(policy, name, default_max_tokens=default_max_tokens), host=host, port=port, log_level="info")
+    policy = HFPolicy(loaded, tok, device=device, name=f"hf:{name}", version=version)
+    app = create_app(policy, name, default_max_tokens=default_max_tokens, model_path=model)
+    uvicorn.run(app, host=host, port=port, log_level="info")
 
 
-__all__ = ["ChatRequest", "CompletionRequest", "create_app", "serve", "serve_in_thread", "split_tool_calls"]
+__all__ = [
+    "VERSION_HEADER", "ChatRequest", "CompletionRequest", "UpdateWeightsRequest",
+    "create_app", "serve", "serve_in_thread", "split_tool_calls",
+]

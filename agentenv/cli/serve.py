@@ -17,11 +17,19 @@ def serve(
     seed: int = typer.Option(0, help="Initialisation seed of the 'tiny' model."),
     served_name: str = typer.Option("", help="Model name clients must send (default: MODEL as given)."),
     max_tokens: int = typer.Option(256, help="Completion length when a chat request sets none."),
+    policy_version: int = typer.Option(
+        0, min=0, help="Version of the weights MODEL holds (reported on every response; updates must not go below it)."
+    ),
 ) -> None:
-    """Serve MODEL at http://HOST:PORT/v1 (chat completions with tools, completions, logprobs, token ids)."""
+    """Serve MODEL at http://HOST:PORT/v1 (chat completions with tools, completions, logprobs, token ids).
+
+    Weights are swapped under training with POST /update_weights_from_disk {"model_path": DIR, "version": N}
+    (requests in flight finish on the old weights); GET /get_model_info reports the loaded version.
+    """
     from rollout.serve import serve as run
 
     try:
-        run(model, host, port, device=device, seed=seed, served_name=served_name or None, default_max_tokens=max_tokens)
+        run(model, host, port, device=device, seed=seed, served_name=served_name or None, default_max_tokens=max_tokens,
+            version=policy_version)
     except FileNotFoundError as exc:
         raise typer.BadParameter(str(exc), param_hint="MODEL") from exc

@@ -32,6 +32,15 @@ append the close tag's ids (``sampled_mask`` 0) and continue from prompt +
 everything so far. Phase k uses seed ``seed + k``. Chat mode cannot insert
 tokens, so it does not enforce a budget.
 
+**Versions**: every turn's ``Generation.policy_version`` is the version the
+server reports for it (``agentenv serve``: the response's
+``agentenv.policy_version``, the weights that sampled that request), or, from a
+server that reports none (vLLM, SGLang's OpenAI routes), the version the caller
+last set (``set_version`` after a reload). ``extra["version_source"]`` says
+which (``"server"`` or ``"policy"``). A budgeted turn made of several requests
+takes the oldest version among them and lists them all in
+``extra["policy_versions"]`` when they differ (weights changed mid-turn).
+
 **Failures**: each attempt has a hard deadline (``timeout_s``); connection
 errors, timeouts, 408/409/429 and 5xx are retried ``max_retries`` times with
 exponential backoff and jitter; anything else, or the last failure, raises
@@ -84,7 +93,8 @@ class OpenAIPolicy:
 
     ``version`` is what the caller says is loaded on the server
     (``set_version`` after pushing weights); a response that names its own
-    version (``agentenv serve``'s ``agentenv.policy_version``) wins.
+    version (``agentenv serve``'s ``agentenv.policy_version``) wins, and the
+    last one seen is ``last_server_version`` (``None`` until a server reports one).
 
     >>> policy = OpenAIPolicy("http://127.0.0.1:8000/v1", "tiny", timeout_s=30)   # doctest: +SKIP
     >>> gen = await policy.generate(Prompt(token_ids=ids), SamplingParams(seed=0))
@@ -132,6 +142,7 @@ class OpenAIPolicy:
         self._client_closer: AsyncGenerator[None, None] | None = None
         self._rng = random.Random()
         self.attempts = 0  # requests sent, retries included (for metrics and tests)
+        self.last_server_version: int | None = None
 
     @property
     def version(self) -> int:
@@ -272,9 +283,16 @@ class OpenAIPolicy:
             logps = [0.0] * len(ids)
         return choice, ids, logps
 
-    def _resp_version(self, resp: dict[str, Any]) -> int:
+    def _resp_version(self, resp: dict[str, Any]) -> tuple[int, str]:
+        """``(version, source)``: the server's ``agentenv.policy_version``, else this policy's own version."""
         ext = resp.get("agentenv")
-        return int(ext["policy_version"]) if isinstance(ext, Mapping) and "policy_version" in ext else self._version
+        if not isinstance(ext, Mapping) or ext.get("policy_version") is None:
+            return self._version, "policy"
+        raw = ext["policy_version"]
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+            raise PolicyError(f"{self.name}: the response's agentenv.policy_version must be an int >= 0, got {raw!r}")
+        self.last_server_version = raw
+        return raw, "server"
 
     async def _chat(self, prompt: Prompt, sampling: SamplingParams) -> Generation:
         body = self._base(sampling, sampling.max_new_tokens, sampling.stop, sampling.seed)
@@ -286,14 +304,15 @@ class OpenAIPolicy:
         message = choice.get("message") or {}
         calls = tuple(message.get("tool_calls") or ())
         reasoning = message.get("reasoning_content") or message.get("reasoning")
+        version, source = self._resp_version(resp)
         return Generation(
             text=message.get("content") or "",
             token_ids=tuple(ids),
             logprobs=tuple(logps),
             finish_reason=FinishReason.LENGTH if choice.get("finish_reason") == "length" else FinishReason.STOP,
-            policy_version=self._resp_version(resp),
+            policy_version=version,
             tool_calls=calls,
-            extra={"reasoning_content": reasoning, "prompt_token_ids": resp.get("prompt_token_ids")},
+            extra={"reasoning_content": reasoning, "prompt_token_ids": resp.get("prompt_token_ids"), "version_source": source},
         )
 
     async def _completions(self, prompt_ids: list[int], sampling: SamplingParams, budget: ThinkingBudget | None) -> Generation:
@@ -309,7 +328,8 @@ class OpenAIPolicy:
         text = ""
         thinking, phase, closed = 0, 0, False
         finish = FinishReason.LENGTH
-        version: int | None = None
+        versions: list[int] = []
+        source = "policy"
         while len(out) < sampling.max_new_tokens:
             room = sampling.max_new_tokens - len(out)
             stops = list(sampling.stop)
@@ -332,7 +352,8 @@ class OpenAIPolicy:
             body.update(prompt=prompt_ids + out, logprobs=1)
             resp = await self._request("completions", body)
             choice, ids, lps = self._choice(resp)
-            version = self._resp_version(resp) if version is None else version
+            version, source = self._resp_version(resp)
+            versions.append(version)
             piece = str(choice.get("text") or "")
             out += ids
             logps += lps
@@ -357,11 +378,12 @@ class OpenAIPolicy:
             token_ids=tuple(out),
             logprobs=tuple(logps),
             finish_reason=finish,
-            policy_version=self._version if version is None else version,
+            policy_version=min(versions) if versions else self._version,
             thinking_tokens=thinking if budget is not None else 0,
             sampled_mask=tuple(mask) if 0 in mask else (),
             budget_closed=closed,
-            extra={"requests": phase},
+            extra={"requests": phase, "version_source": source,
+                   **({"policy_versions": versions} if len(set(versions)) > 1 else {})},
         )
 
 
