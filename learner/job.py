@@ -1,10 +1,13 @@
-"""``python -m learner.job CONFIG [--json PATH] [--store URL]``: the training run as a process.
+"""``python -m learner.job CONFIG [--json PATH] [--store URL] [--run-id ID] [--seed N] [--resume]``: training as a process.
 
-The same entry point serves ``agentenv train`` (which adds a rich progress
-display) and ``ray job submit --working-dir . -- python -m learner.job CONFIG``
-on a cluster: the loop itself needs no Ray (see ``learner.loop`` for why its
-rollouts run in-process), so under a job it simply runs in the job's driver.
-Exit codes: 0 done, 2 bad config.
+The same entry point, with the same options, serves ``agentenv train`` (which
+adds a rich progress display) and ``ray job submit --working-dir . -- python -m
+learner.job CONFIG`` on a cluster. Under a job the supervisor sets
+``RAY_ADDRESS``, so a config with ``runner: ray`` connects to that cluster and
+places its rollout workers on the nodes that declare the worker resource
+(``ray start --head --num-cpus 2 --resources '{"docker_daemon": 2}'``); with
+``runner: inprocess`` the whole run stays in the job's driver.
+Exit codes: 0 done, 2 bad config or a checkpoint that does not fit.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from learner.errors import CheckpointError
 from learner.loop import Reporter, TrainLoop
 from learner.report import write_outputs
 from learner.train_config import TrainConfig, load_train_config
@@ -39,11 +43,16 @@ class PrintReporter:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
-def run_training(cfg: TrainConfig, *, json_path: Path | None = None, reporter: Reporter | None = None) -> dict[str, Any]:
-    """Warm start, RL, evaluations, then the curve / report / summary under ``out_dir/run_id``."""
+def run_training(
+    cfg: TrainConfig, *, json_path: Path | None = None, reporter: Reporter | None = None, resume: bool = False
+) -> dict[str, Any]:
+    """Warm start, RL, evaluations, then the curve / report / summary under ``out_dir/run_id``.
+
+    ``resume``: continue this config's run from its newest checkpoint (``learner.checkpoint``).
+    """
     from rollout.job import resolve_tasks
 
-    loop = TrainLoop(cfg, list(resolve_tasks(cfg.tasks)), reporter=reporter)
+    loop = TrainLoop(cfg, resolve_tasks(cfg.rollout.tasks), reporter=reporter, resume=resume)
     summary = asyncio.run(loop.run())
     return write_outputs(summary, loop.history, cfg.run_dir(), json_path)
 
@@ -59,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", default=None, help="override the config's store URL")
     parser.add_argument("--run-id", default=None)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--resume", action="store_true", help="continue this config's run from its newest checkpoint")
     args = parser.parse_args(argv)
     try:
         cfg = load_train_config(args.config, store=args.store, run_id=args.run_id, seed=args.seed)
@@ -67,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # SIGTERM (ray job stop, kill) unwinds like Ctrl-C, so the runner's finally releases its sandboxes.
     signal.signal(signal.SIGTERM, _interrupt)
-    summary = run_training(cfg, json_path=args.json, reporter=PrintReporter())
+    try:
+        summary = run_training(cfg, json_path=args.json, reporter=PrintReporter(), resume=args.resume)
+    except CheckpointError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     keys = ("run_id", "pass_rate_after_warm_start", "pass_rate_after_rl", "improvement_points", "learning_curve_png")
     print("train-report: " + json.dumps({k: summary[k] for k in keys}))
     return 0

@@ -1,62 +1,75 @@
-"""The main job: warm start, RL iterations, held-out evaluation (``agentenv train CONFIG``).
+"""The post-training engine: warm start, RL iterations, held-out evaluation (``agentenv train CONFIG``).
 
 Phases, in order::
 
-    warm start   ScriptedPolicy episodes (oracle, rotated harnesses, real sandboxes) -> SFT steps
-    eval #0      held-out seeds, greedy                        -> pass_rate_after_warm_start
-    RL x N       HFPolicy on the current weights samples G episodes per variant (rotated harness,
-                 drawn effort, real sandboxes, verifier reward) -> advantages -> Trainer.step
-                 (the one policy loss) -> weights published to the rollout policy with a version
+    warm start   oracle episodes (rotated harnesses, real sandboxes) -> SFT steps
+    eval #0      held-out seeds                                  -> pass_rate_after_warm_start
+    RL x N       the current weights sample G episodes per variant (rotated harness, drawn effort,
+                 real sandboxes, verifier reward) -> advantages -> Trainer.step (the one policy
+                 loss) -> weights published to the rollout runner with the next version
     eval #k      every ``eval.every`` iterations, and after the last -> pass_rate_after_rl
 
-Rollouts run in-process through ``rollout.episode.EpisodeRunner`` (asyncio, a
-thread pool for sandbox calls), not on Ray workers. Why: on the 2-core machine
-this is built for, a Ray worker process holds its own copy of the model and
-competes with the learner for the same two cores, Ray start-up costs ~10 s of a
-20-minute budget, and weights would travel through the object store to reach a
-policy living one process away. The contract is the one the Ray path uses:
-``EpisodeRequest`` in, ``Trajectory`` (stored once, by episode id) out, and
-weights reach the policy only through ``HFPolicy.set_weights(state, version)``
-(what ``RolloutWorker.set_policy_version`` calls). Sampling is synchronous, so
-the lag is 0; trajectories older than ``rl.max_lag`` versions would be dropped
-(the check is kept so an asynchronous variant inherits it).
+Every episode goes through one ``rollout.runner.RolloutRunner`` (``runner:
+inprocess`` on this event loop, or ``runner: ray`` on Ray workers); requests
+say which policy acts (``oracle`` for the warm start, ``train`` after) and how
+it samples, with a per-episode sampling seed derived from the run's seed and
+the episode id. The learner never builds a sandbox backend.
 
-The learner never talks to Docker: sandboxes belong to the runner (rollout).
+Versions count published weights: one per RL iteration (however many
+optimizer steps ``rl.updates_per_iter`` takes), so the staleness bound
+K = ``rollout.staleness.max_lag`` is in iterations:
+
+* K = 0: synchronous. Each iteration plans ``rl.groups_per_iter`` groups, waits
+  for all of them, trains, publishes.
+* K >= 1: asynchronous. Groups for the next K iterations are in flight while the
+  learner trains; a batch is the first ``groups_per_iter`` groups to complete.
+* K >= 1 and ``rl.partial_rollouts``: the batch is cut as soon as
+  ``groups_per_iter`` groups are complete; the episodes still running are held
+  at their next turn while the learner trains (``rollout.gate``) and continue
+  under the new weights. Their turns carry the version that sampled them, and
+  the loss's TIS / MIS weights use each token's own sampling logprob.
+
+Where the learner reads, every batch is checked: a trajectory whose oldest turn
+is more than K versions behind is dropped (counted), and a stale one reaching
+the trainer raises ``StalenessError``. After every ``checkpoint.every``
+iterations the run is checkpointed (``learner.checkpoint``); ``--resume``
+continues from the newest checkpoint to the same final iteration: pending
+groups are submitted again and episodes already stored are read back, not
+rerun, so no episode is stored or trained twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
+import hashlib
 import random
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from learner.advantages import items_from_groups
+from learner.checkpoint import EngineState, RunCheckpoints, config_hash
 from learner.metrics import passed, trajectory_splits
 from learner.model import PolicyModel
 from learner.sft import batches, sft_items, sft_step
 from learner.train_config import TrainConfig
 from learner.trainer import Trainer
-from learner.types import TrainerConfig
-from rollout.episode import EpisodeRequest, EpisodeRunner
+from rollout.episode import EpisodeRequest
+from rollout.errors import StalenessError
 from rollout.harnesses.parsing import CALL_CLOSE
-from rollout.policy.hf import HFPolicy
 from rollout.policy.models import tiny_config
-from rollout.policy.scripted import ScriptedPolicy
 from rollout.policy.types import SamplingParams
+from rollout.runner import RolloutRunner, run_all
 from rollout.store import TrajectoryStore
 from rollout.types import Status, Trajectory
 
-#: Micro-batch size of the RL learner; packs two typical episodes (1-2k tokens) per row on CPU.
-MAX_TRAIN_TOKENS = 4096
-
-__all__ = ["EvalResult", "Reporter", "RunHistory", "TrainLoop", "eval_requests", "split_pass_rates"]
+__all__ = ["EvalResult", "Reporter", "RunHistory", "TrainLoop", "eval_requests", "fresh_for_learner", "split_pass_rates"]
 
 
 class Reporter(Protocol):
@@ -101,6 +114,13 @@ class RunHistory:
     evals: list[EvalResult] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
+    def to_json(self) -> dict[str, Any]:
+        return {"sft": self.sft, "rl": self.rl, "evals": [vars(e) for e in self.evals], "timings": self.timings}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunHistory:
+        return cls(list(data["sft"]), list(data["rl"]), [EvalResult(**e) for e in data["evals"]], dict(data["timings"]))
+
 
 def split_pass_rates(trajectories: Sequence[Trajectory], tag: str) -> dict[str, float]:
     """Pass rate per value of ``tag`` (harness, effort); an unscorable episode counts as a fail."""
@@ -110,8 +130,15 @@ def split_pass_rates(trajectories: Sequence[Trajectory], tag: str) -> dict[str, 
     return {k: sum(v) / len(v) for k, v in sorted(buckets.items())}
 
 
+def episode_seed(run_seed: int, episode_id: str) -> int:
+    """The sampling seed of one episode: a pure function of the run's seed and the episode id."""
+    digest = hashlib.sha256(f"sample:{run_seed}:{episode_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
 def eval_requests(
-    cfg: TrainConfig, task_ids: Sequence[str], run_id: str, index: int, tag: str = "eval"
+    cfg: TrainConfig, task_ids: Sequence[str], run_id: str, index: int, tag: str = "eval",
+    sampling: SamplingParams | None = None,
 ) -> list[EpisodeRequest]:
     """The held-out episodes of evaluation ``index``: same tasks, seeds, harnesses and efforts every time.
 
@@ -120,29 +147,101 @@ def eval_requests(
     """
     out = []
     pairs = [(t, s) for t in task_ids for s in cfg.eval.seeds]
+    rollout = cfg.rollout
     for i, (task_id, seed) in enumerate(pairs):
+        episode_id = f"{run_id}/{tag}{index}/{task_id}/{seed}"
         out.append(EpisodeRequest(
-            episode_id=f"{run_id}/{tag}{index}/{task_id}/{seed}", run_id=run_id, task_id=task_id, seed=seed,
-            harness=cfg.rotation.pick(i), effort=cfg.efforts.pick(i), group_id=f"eval/{task_id}/{seed}",
+            episode_id=episode_id, run_id=run_id, task_id=task_id, seed=seed,
+            harness=rollout.rotation.pick(i), effort=rollout.efforts.pick(i), group_id=f"eval/{task_id}/{seed}",
+            policy="train",
+            sampling=None if sampling is None else dataclasses.replace(sampling, seed=episode_seed(cfg.seed, episode_id)),
         ))
     return out
 
 
-class TrainLoop:
-    """One training run; ``run()`` returns the summary dict (also written by the CLI's ``--json``)."""
+def fresh_for_learner(trajectories: Sequence[Trajectory], version: int, max_lag: int) -> tuple[list[Trajectory], int]:
+    """The trainable trajectories within K = ``max_lag`` versions of ``version``, and how many were too stale.
 
-    def __init__(self, cfg: TrainConfig, task_ids: Sequence[str], *, reporter: Reporter | None = None) -> None:
+    A trajectory's ``policy_version`` is its oldest turn's, so a partial rollout
+    continued under newer weights counts from where it started.
+    """
+    fresh = [t for t in trajectories if t.trainable and version - t.policy_version <= max_lag]
+    stale = sum(t.trainable and version - t.policy_version > max_lag for t in trajectories)
+    return fresh, stale
+
+
+def check_staleness(trajectories: Sequence[Trajectory], version: int, max_lag: int) -> int:
+    """The hard bound where the learner reads; returns the largest lag seen. Raises ``StalenessError``."""
+    lags = [version - t.policy_version for t in trajectories]
+    worst = max(lags, default=0)
+    if worst > max_lag:
+        bad = next(t for t in trajectories if version - t.policy_version > max_lag)
+        raise StalenessError(
+            f"learner at version {version}: episode {bad.episode_id} was sampled by version {bad.policy_version}, "
+            f"{worst} behind, over the bound rollout.staleness.max_lag={max_lag}"
+        )
+    return worst
+
+
+@dataclass
+class _Group:
+    """One variant's G episodes, in flight or done, in plan order."""
+
+    index: int
+    requests: list[EpisodeRequest]
+    futures: list[asyncio.Future[Trajectory | None]]
+
+    @property
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures)
+
+    def results(self) -> list[Trajectory]:
+        return [t for t in (f.result() for f in self.futures) if t is not None]
+
+
+def _request_json(req: EpisodeRequest) -> dict[str, Any]:
+    return dataclasses.asdict(req)
+
+
+def _request_from(data: Mapping[str, Any]) -> EpisodeRequest:
+    sampling = data.get("sampling")
+    fields = {**data, "sampling": SamplingParams(**{**sampling, "stop": tuple(sampling["stop"])}) if sampling else None}
+    return EpisodeRequest(**fields)
+
+
+class TrainLoop:
+    """One training run; ``run()`` returns the summary dict (also written by the CLI's ``--json``).
+
+    ``resume=True`` continues the run of this config from its newest checkpoint
+    (or from its start, under the same run id, when it has none yet).
+    """
+
+    def __init__(
+        self, cfg: TrainConfig, task_ids: Sequence[str] | Mapping[str, str], *, reporter: Reporter | None = None,
+        resume: bool = False,
+    ) -> None:
         self.cfg = cfg
-        self.task_ids = list(task_ids)
+        self.domains = dict(task_ids) if isinstance(task_ids, Mapping) else {t: "" for t in task_ids}
+        self.task_ids = list(self.domains)
         self.reporter: Reporter = reporter or NullReporter()
-        self.run_id = f"{cfg.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.history = RunHistory()
         self.rng = random.Random(cfg.seed)
         self._episode_index = 0
+        self._planned_batches = 0
+        self._trained: list[str] = []
+        self._restored: EngineState | None = None
+        self.checkpoints = RunCheckpoints(cfg.run_dir() / "checkpoints", keep=cfg.checkpoint.keep)
+        self.config_hash = config_hash(cfg.model_dump(mode="json"))
+        if resume:
+            self.run_id = self.checkpoints.read_run(self.config_hash)
+            latest = self.checkpoints.latest()
+            self._restored = self.checkpoints.read_state(latest) if latest is not None else None
+        else:
+            self.run_id = f"{cfg.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(cfg.seed)
-        from rollout.tokenizer import build_tokenizer
         from rollout.policy.models import load_checkpoint
+        from rollout.tokenizer import build_tokenizer
 
         m = cfg.model
         if m.checkpoint:
@@ -154,15 +253,10 @@ class TrainLoop:
                                  num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, init_std=m.init_std,
                                  sliding_window=m.sliding_window, full_attention_layers=m.full_attention_layers)
             self.model = PolicyModel.from_config(config, seed=m.seed)
-        # The rollout side's own copy: it changes only through set_weights(state, version).
-        self.policy = HFPolicy(copy.deepcopy(self.model.lm), self.tokenizer, name="train-policy", version=0)
-        self.store = TrajectoryStore(cfg.store)
+        self.model.to(m.device)
+        self.store = TrajectoryStore(cfg.rollout.store)
         self.store.ensure_run(self.run_id, cfg.model_dump(mode="json"))
-        from rollout.worker import make_backend
-
-        self.backend = make_backend(cfg.backend, self.run_id)
-        self.runner = EpisodeRunner(ScriptedPolicy(), backend=self.backend, tokenizer=self.tokenizer,
-                                    pool_size=cfg.pool_size, store=self.store)
+        self.runner: RolloutRunner = self._make_runner()
         self.version = 0
         # Stopping at the end-of-call marker: a sampled turn is one call, never a call plus whatever the model
         # rambles after it (which a success would otherwise reinforce, since the call still runs).
@@ -170,36 +264,60 @@ class TrainLoop:
 
     # ------------------------------------------------------------ plumbing
 
-    def _publish(self, model: PolicyModel, version: int) -> str:
-        """The trainer's publisher: copy the weights into the rollout policy under ``version``."""
-        self.policy.set_weights(model.lm.state_dict(), version)
+    def _make_runner(self) -> RolloutRunner:
+        rollout = self.cfg.rollout.model_copy(update={"run_id": self.run_id})
+        if self.cfg.runner == "ray":
+            from rollout.runner import RayRunner
+
+            return RayRunner(rollout, store=self.store, domains=self.domains,
+                             train_model=self.model.lm.config.to_dict(), tokenizer=self.cfg.model.checkpoint)
+        from rollout.policy.hf import HFPolicy
+        from rollout.runner import InProcessRunner
+        from rollout.worker import make_backend
+
+        # The rollout side's own copy: it changes only through publish(version, weights).
+        policy = HFPolicy(copy.deepcopy(self.model.lm).to(self.cfg.model.rollout_device), self.tokenizer,
+                          name="train-policy", version=0, device=self.cfg.model.rollout_device)
+        return InProcessRunner(
+            policy, tokenizer=self.tokenizer, backend=make_backend(rollout.backend, self.run_id), store=self.store,
+            concurrency=rollout.concurrency, pool_size=max(rollout.pool_size, 1),
+            grade_in_place=rollout.grading == "in_place", sandbox_retries=rollout.retries.sandbox_acquire,
+        )
+
+    async def _publish(self, version: int) -> None:
+        """New weights to every rollout policy, under ``version`` (versions only grow)."""
+        await self.runner.publish(version, self.model.lm.state_dict())
         self.version = version
-        return f"in-process:v{version}"
+
+    def _sampling(self, temperature: float, top_p: float = 1.0) -> SamplingParams:
+        return SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=self.cfg.rollout.sampling.max_new_tokens,
+                              stop=self._stop)
 
     async def _run_all(self, requests: Sequence[EpisodeRequest], detail: str) -> list[Trajectory]:
-        sem = asyncio.Semaphore(self.cfg.concurrency)
-
-        async def one(req: EpisodeRequest) -> Trajectory:
-            async with sem:
-                traj = await self.runner.run(req)
+        def done(req: EpisodeRequest, traj: Trajectory) -> None:
             self.reporter.advance(f"{detail} {req.harness}/{req.effort}: r={traj.reward:.0f}")
-            return traj
 
-        return list(await asyncio.gather(*(one(r) for r in requests)))
+        return await run_all(self.runner, requests, done)
 
     def _next_meta(self) -> tuple[str, str | None]:
         i = self._episode_index
         self._episode_index += 1
-        return self.cfg.rotation.pick(i), self.cfg.efforts.pick(i)
+        return self.cfg.rollout.rotation.pick(i), self.cfg.rollout.efforts.pick(i)
 
-    def _train_requests(self, phase: str, seeds: Sequence[tuple[str, int]], per: int) -> list[EpisodeRequest]:
+    def _train_requests(
+        self, phase: str, seeds: Sequence[tuple[str, int]], per: int, *, policy: str = "train",
+        sampling: SamplingParams | None = None,
+    ) -> list[EpisodeRequest]:
         out = []
         for task_id, seed in seeds:
             for k in range(per):
                 harness, effort = self._next_meta()
+                episode_id = f"{self.run_id}/{phase}/{task_id}/{seed}/{k}"
                 out.append(EpisodeRequest(
-                    episode_id=f"{self.run_id}/{phase}/{task_id}/{seed}/{k}", run_id=self.run_id, task_id=task_id,
-                    seed=seed, harness=harness, effort=effort, group_id=f"{phase}/{task_id}/{seed}",
+                    episode_id=episode_id, run_id=self.run_id, task_id=task_id,
+                    seed=seed, harness=harness, effort=effort, group_id=f"{phase}/{task_id}/{seed}", policy=policy,
+                    sampling=None if sampling is None else dataclasses.replace(
+                        sampling, seed=episode_seed(self.cfg.seed, episode_id)),
                 ))
         return out
 
@@ -213,8 +331,7 @@ class TrainLoop:
         if cfg.episodes == 0 or cfg.steps == 0:
             return
         t0 = time.monotonic()
-        self.runner.policy = ScriptedPolicy()
-        requests = self._train_requests("sft", self._draw_seeds(cfg.episodes), 1)
+        requests = self._train_requests("sft", self._draw_seeds(cfg.episodes), 1, policy="oracle")
         self.reporter.phase("warm start: oracle episodes", len(requests))
         trajs = await self._run_all(requests, "oracle")
         items = sft_items(trajs)
@@ -231,22 +348,20 @@ class TrainLoop:
             self.store.log_metrics(self.run_id, {"sft/loss": out.loss, "sft/token_accuracy": out.token_accuracy},
                                    step=step, tags={"phase": "sft"})
             self.reporter.advance(f"loss {out.loss:.3f} acc {out.token_accuracy:.2f}")
-        self._publish(self.model, 0)
+        await self._publish(0)
         self.history.timings["warm_start_s"] = time.monotonic() - t0
 
     async def evaluate(self, index: int, iteration: int) -> EvalResult:
         t0 = time.monotonic()
-        self.runner.policy = self.policy
-        self.runner.sampling = SamplingParams(temperature=self.cfg.eval.temperature, max_new_tokens=self.cfg.max_new_tokens,
-                                              stop=self._stop)
-        requests = eval_requests(self.cfg, self.task_ids, self.run_id, index)
+        sampling = self._sampling(self.cfg.eval.temperature)
+        requests = eval_requests(self.cfg, self.task_ids, self.run_id, index, sampling=sampling)
         self.reporter.phase(f"eval #{index} (held-out, v{self.version})", len(requests))
         trajs = await self._run_all(requests, "eval")
         ok = [passed(t) and t.trainable for t in trajs]
         greedy = None
         if self.cfg.eval.greedy_too and self.cfg.eval.temperature > 0:
-            self.runner.sampling = SamplingParams(temperature=0.0, max_new_tokens=self.cfg.max_new_tokens, stop=self._stop)
-            greedy_requests = eval_requests(self.cfg, self.task_ids, self.run_id, index, tag="eval_greedy")
+            greedy_requests = eval_requests(self.cfg, self.task_ids, self.run_id, index, tag="eval_greedy",
+                                            sampling=self._sampling(0.0))
             self.reporter.phase(f"eval #{index} greedy (held-out, v{self.version})", len(greedy_requests))
             g = [passed(t) and t.trainable for t in await self._run_all(greedy_requests, "eval greedy")]
             greedy = sum(g) / len(g)
@@ -265,85 +380,202 @@ class TrainLoop:
         self.history.timings[f"eval{index}_s"] = time.monotonic() - t0
         return result
 
-    async def rl(self) -> None:
-        cfg = self.cfg.rl
-        loss_cfg = cfg.loss.model_copy(update={"temperature": cfg.temperature})
+    # ------------------------------------------------------------ RL
+
+    def _make_trainer(self) -> Trainer:
+        loss_cfg = self.cfg.loss_config()
         # KL(pi || pi_ref) to the warm-started model keeps what SFT taught (the tool-call format)
         # while RL moves the decisions the verifier rewards; the reference is a frozen copy.
         ref = None
         if loss_cfg.kl_coef > 0:
-            ref = PolicyModel(copy.deepcopy(self.model.lm))
+            warm = self.checkpoints.warm_start_dir()
+            ref = PolicyModel.from_pretrained(warm) if self._restored is not None else PolicyModel(copy.deepcopy(self.model.lm))
+            ref.to(self.cfg.model.device)
             ref.lm.requires_grad_(False)
-        # The LM head only at sampled tokens: exact, and most of the step on 1-2k-token prompts.
-        tcfg = TrainerConfig(lr=cfg.lr, micro_batch_tokens=MAX_TRAIN_TOKENS, logprobs_at_loss_tokens=True)
-        trainer = Trainer(self.model, loss_cfg, tcfg, publisher=self._publish, ref_model=ref)
-        trainer.state.step = self.version
+        trainer = Trainer(self.model, loss_cfg, self.cfg.trainer, publisher=None, ref_model=ref)
         sft_opt = getattr(self, "_sft_optimizer", None)
-        if cfg.continue_sft_optimizer and sft_opt is not None:
+        if self.cfg.rl.continue_sft_optimizer and sft_opt is not None:
+            lr = self.cfg.trainer.lr
             trainer.optimizer.load_state_dict(sft_opt.state_dict())
             for group in trainer.optimizer.param_groups:  # keep the moments, take RL's learning rate
-                group["lr"] = group["initial_lr"] = cfg.lr
-            trainer.scheduler.base_lrs = [cfg.lr for _ in trainer.optimizer.param_groups]
-        t_roll = t_learn = 0.0
-        for it in range(1, cfg.iterations + 1):
+                group["lr"] = group["initial_lr"] = lr
+            trainer.scheduler.base_lrs = [lr for _ in trainer.optimizer.param_groups]
+        return trainer
+
+    def _plan_group(self) -> list[EpisodeRequest]:
+        """The next batch of groups' requests is planned a group at a time; ``rl{b}`` is its plan batch."""
+        return self._train_requests(f"rl{self._planned_batches}", self._draw_seeds(1), self.cfg.rollout.group_size,
+                                    sampling=self._sampling(self.cfg.rollout.sampling.temperature,
+                                                            self.cfg.rollout.sampling.top_p))
+
+    def _submit(self, requests: Sequence[EpisodeRequest]) -> list[asyncio.Future[Trajectory | None]]:
+        futures = [self.runner.submit(r) for r in requests]
+        for req, fut in zip(requests, futures, strict=True):
+            fut.add_done_callback(lambda f, req=req: self._advance(req, f))
+        return futures
+
+    def _advance(self, req: EpisodeRequest, fut: asyncio.Future[Trajectory | None]) -> None:
+        if not fut.cancelled() and fut.exception() is None and fut.result() is not None:
+            traj = fut.result()
+            assert traj is not None  # noqa: S101 - checked above
+            self.reporter.advance(f"rl {req.harness}/{req.effort}: r={traj.reward:.0f} v{traj.policy_version}")
+
+    def _capacity(self) -> int:
+        cfg, k = self.cfg.rl, self.cfg.max_lag
+        if cfg.partial_rollouts:
+            return cfg.groups_per_iter + cfg.partial_oversample
+        return cfg.groups_per_iter * (1 + k)
+
+    async def _take(self, pending: list[_Group], n: int) -> list[_Group]:
+        """Wait until ``n`` groups are complete (or every pending one, when fewer are left); plan order."""
+        while True:
+            done = [g for g in pending if g.done]
+            if len(done) >= n or len(done) == len(pending):
+                taken = sorted(done, key=lambda g: g.index)[:n]
+                for g in taken:
+                    pending.remove(g)
+                return taken
+            waiting = [f for g in pending for f in g.futures if not f.done()]
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+
+    async def rl(self) -> None:
+        cfg = self.cfg.rl
+        trainer = self._make_trainer()
+        pending: list[_Group] = []
+        total_groups = cfg.iterations * cfg.groups_per_iter
+        planned = 0
+        first_it = 1
+        restored = self._restored
+        if restored is not None:  # resume: the trainer's state, the draws, and the groups in flight
+            latest = self.checkpoints.latest()
+            assert latest is not None  # noqa: S101 - restored implies a checkpoint
+            trainer.load(latest / "trainer")
+            first_it = restored.iteration + 1
+            planned = restored.planned_batches
+            for i, group in enumerate(restored.pending):  # submitted again: stored ones are read back, not rerun
+                reqs = [_request_from(r) for r in group]
+                pending.append(_Group(planned - len(restored.pending) + 1 + i, reqs, self._submit(reqs)))
+        for it in range(first_it, cfg.iterations + 1):
             t0 = time.monotonic()
-            self.runner.policy = self.policy
-            self.runner.sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
-                                                  max_new_tokens=self.cfg.max_new_tokens, stop=self._stop)
-            requests = self._train_requests(f"rl{it}", self._draw_seeds(cfg.groups_per_iter), cfg.group_size)
-            self.reporter.phase(f"RL {it}/{cfg.iterations}: rollouts (v{self.version})", len(requests))
-            trajs = await self._run_all(requests, "rl")
+            while len(pending) < self._capacity() and planned < total_groups:
+                planned += 1
+                self._planned_batches = planned
+                reqs = self._plan_group()
+                pending.append(_Group(planned, reqs, self._submit(reqs)))
+            n_requests = sum(len(g.requests) for g in pending)
+            self.reporter.phase(f"RL {it}/{cfg.iterations}: rollouts (v{self.version}, {len(pending)} groups in flight)",
+                                cfg.groups_per_iter * self.cfg.rollout.group_size)
+            # the last iteration takes whatever is left, so every planned episode is trained or counted
+            want = cfg.groups_per_iter if it < cfg.iterations else len(pending)
+            taken = await self._take(pending, want)
+            if cfg.partial_rollouts and pending:
+                await self.runner.pause()  # the rest wait at their next turn while the learner trains
+            trajs = [t for g in taken for t in g.results()]
             t1 = time.monotonic()
-            # An agent-caused invalid (the agent's code hung the tests, exited, skipped them all) is recorded under
-            # the episode's own trainable status with reward 0 and stays in: a failure, not a free pass. Only the
-            # grader's invalids (status ``invalid``) are dropped, and counted.
-            fresh = [t for t in trajs if t.trainable and trainer.version - t.policy_version <= cfg.max_lag]
-            graded_invalid = sum(t.status is Status.INVALID for t in trajs)
-            agent_invalid = sum(bool(t.verifier.get("agent_invalid")) for t in fresh)
-            groups: dict[str, list[Trajectory]] = defaultdict(list)
-            for t in fresh:
-                groups[t.verifier.get("group_id", "")].append(t)
-            items = items_from_groups([tuple(g) for g in groups.values() if len(g) >= 2], cfg.advantage)
-            # A sample longer than one micro-batch (a model looping to the turn limit) is not trained on, and counted.
-            overlong = sum(len(i) > MAX_TRAIN_TOKENS for i in items)
-            items = [i for i in items if i.num_loss_tokens > 0 and len(i) <= MAX_TRAIN_TOKENS]
-            row: dict[str, float] = {"iteration": it, **trajectory_splits(trajs),
-                                    "dropped_stale": len(trajs) - len(fresh),
-                                    "dropped_invalid": graded_invalid, "agent_invalid": agent_invalid,
-                                    "dropped_overlong": overlong}
-            if items and any(i.advantage != 0 for i in items):
-                self.rng.shuffle(items)
-                chunk = -(-len(items) // cfg.updates_per_iter)
-                for u in range(cfg.updates_per_iter):
-                    part = items[u * chunk : (u + 1) * chunk]
-                    if part:
-                        m = await asyncio.to_thread(trainer.step, part, trajectories=trajs)
-                row |= {k: v for k, v in m.as_dict().items() if "/" not in k}
+            row = await self._learn(trainer, it, trajs, len(pending), n_requests)
+            await self._publish(self.version + 1)
+            if cfg.partial_rollouts:
+                await self.runner.resume()
             t2 = time.monotonic()
-            t_roll, t_learn = t_roll + (t1 - t0), t_learn + (t2 - t1)
             row |= {"version": self.version, "rollout_s": t1 - t0, "learner_s": t2 - t1}
             self.history.rl.append(row)
             self.store.log_metrics(self.run_id, {f"rl/{k}": float(v) for k, v in row.items()}, step=it, tags={"phase": "rl"})
             self.reporter.log(f"RL {it}: pass {row['pass_rate']:.2f} reward {row['reward']:.2f} "
-                              f"entropy {row.get('entropy', float('nan')):.3f} v{self.version}")
+                              f"entropy {row.get('entropy', float('nan')):.3f} v{self.version} "
+                              f"(max lag {row['max_lag']:.0f}, stale {row['dropped_stale']:.0f})")
             if self.cfg.eval.every and it % self.cfg.eval.every == 0 and it != cfg.iterations:
                 await self.evaluate(len(self.history.evals), it)
-        self.history.timings |= {"rl_rollout_s": t_roll, "rl_learner_s": t_learn}
+            self.history.timings["rl_rollout_s"] = self.history.timings.get("rl_rollout_s", 0.0) + (t1 - t0)
+            self.history.timings["rl_learner_s"] = self.history.timings.get("rl_learner_s", 0.0) + (t2 - t1)
+            if self.cfg.checkpoint.every and (it % self.cfg.checkpoint.every == 0 or it == cfg.iterations):
+                self._checkpoint(trainer, it, pending)
+        if pending:  # iterations: 0, or nothing left to train: still stored, exactly once
+            await asyncio.gather(*(f for g in pending for f in g.futures), return_exceptions=True)
+
+    async def _learn(self, trainer: Trainer, it: int, trajs: list[Trajectory], in_flight: int, n_requests: int) -> dict[str, float]:
+        cfg = self.cfg.rl
+        # An agent-caused invalid (the agent's code hung the tests, exited, skipped them all) is recorded under
+        # the episode's own trainable status with reward 0 and stays in: a failure, not a free pass. Only the
+        # grader's invalids (status ``invalid``) and infrastructure failures are dropped, and counted.
+        fresh, stale = fresh_for_learner(trajs, self.version, self.cfg.max_lag)
+        worst = check_staleness(fresh, self.version, self.cfg.max_lag)  # the hard bound, on every batch
+        graded_invalid = sum(t.status is Status.INVALID for t in trajs)
+        infra = sum(t.status in (Status.SANDBOX_LOST, Status.WORKER_LOST, Status.ERROR, Status.POLICY_ERROR) for t in trajs)
+        agent_invalid = sum(bool(t.verifier.get("agent_invalid")) for t in fresh)
+        groups: dict[str, list[Trajectory]] = defaultdict(list)
+        for t in fresh:
+            groups[t.verifier.get("group_id", "")].append(t)
+        items = items_from_groups([tuple(g) for g in groups.values() if len(g) >= 2], cfg.advantage)
+        # A sample longer than one micro-batch (a model looping to the turn limit) is not trained on, and counted.
+        limit = self.cfg.trainer.micro_batch_tokens
+        overlong = sum(len(i) > limit for i in items)
+        items = [i for i in items if i.num_loss_tokens > 0 and len(i) <= limit]
+        mixed = sum(len({turn.policy_version for turn in t.turns}) > 1 for t in fresh)
+        row: dict[str, float] = {"iteration": it, **trajectory_splits(trajs),
+                                "dropped_stale": stale, "dropped_invalid": graded_invalid, "infra_failed": infra,
+                                "agent_invalid": agent_invalid, "dropped_overlong": overlong, "max_lag": worst,
+                                "mixed_version_episodes": mixed, "in_flight_groups": in_flight}
+        if items and any(i.advantage != 0 for i in items):
+            self.rng.shuffle(items)
+            chunk = -(-len(items) // cfg.updates_per_iter)
+            for u in range(cfg.updates_per_iter):
+                part = items[u * chunk : (u + 1) * chunk]
+                if part:
+                    m = await asyncio.to_thread(trainer.step, part, trajectories=trajs)
+            row |= {k: v for k, v in m.as_dict().items() if "/" not in k}
+        self._trained.extend(t.episode_id for t in fresh)
+        return row
+
+    def _checkpoint(self, trainer: Trainer, it: int, pending: Sequence[_Group]) -> None:
+        state = EngineState(
+            run_id=self.run_id, config_hash=self.config_hash, iteration=it, version=self.version,
+            episode_index=self._episode_index, planned_batches=self._planned_batches,
+            rng=_rng_json(self.rng.getstate()), pending=[[_request_json(r) for r in g.requests] for g in pending],
+            trained=list(self._trained), history=self.history.to_json(), evals_done=len(self.history.evals),
+        )
+        self.checkpoints.write(it, state, trainer.save, self.tokenizer)
+
+    def _restore(self, state: EngineState) -> None:
+        self.version = state.version
+        self._episode_index = state.episode_index
+        self._planned_batches = state.planned_batches
+        self.rng.setstate(_rng_from_json(state.rng))
+        self._trained = list(state.trained)
+        self.history = RunHistory.from_json(state.history)
 
     async def run(self) -> dict[str, Any]:
         t0 = time.monotonic()
         try:
-            await self.warm_start()
-            first = await self.evaluate(0, 0)
+            await self.runner.start(self.task_ids)
+            restored = self._restored
+            if restored is None:
+                self.checkpoints.write_run(self.run_id, self.config_hash)
+                await self.warm_start()
+                if self.version == 0 and not self.history.sft:
+                    await self._publish(0)  # no warm start: the initial weights are version 0
+                if self.cfg.rl.loss.kl_coef > 0:  # the KL reference, read back by a resumed run
+                    self.checkpoints.write_warm_start(self.model.save)
+                first = await self.evaluate(0, 0)
+            else:
+                self._restore(restored)
+                self.model.to(self.cfg.model.device)
+                await self._publish_restored()
+                first = self.history.evals[0]
+                self.reporter.log(f"resumed {self.run_id} after iteration {restored.iteration} (version {self.version}, "
+                                  f"{len(restored.pending)} groups pending, {len(restored.trained)} episodes trained)")
             await self.rl()
             last = await self.evaluate(len(self.history.evals), self.cfg.rl.iterations)
         finally:
-            self.runner.close()
-            close = getattr(self.backend, "close", None)
-            if callable(close):
-                close()
-        self.history.timings["total_s"] = time.monotonic() - t0
+            await self.runner.close()
+        self.history.timings["total_s"] = self.history.timings.get("total_s", 0.0) + time.monotonic() - t0
         return self.summary(first, last)
+
+    async def _publish_restored(self) -> None:
+        latest = self.checkpoints.latest()
+        assert latest is not None  # noqa: S101 - restored implies a checkpoint
+        trainer = Trainer(self.model, self.cfg.loss_config(), self.cfg.trainer)
+        trainer.load(latest / "trainer")  # the weights now, so the runner samples the checkpoint's version
+        await self.runner.publish(self.version, self.model.lm.state_dict())
 
     def summary(self, first: EvalResult, last: EvalResult) -> dict[str, Any]:
         return {
@@ -356,10 +588,21 @@ class TrainLoop:
             "after_warm_start": {"by_harness": first.by_harness, "by_effort": first.by_effort, "n": first.n},
             "after_rl": {"by_harness": last.by_harness, "by_effort": last.by_effort, "n": last.n},
             "evals": [vars(e) for e in self.history.evals],
-            "final_version": self.version, "rollout": "in-process EpisodeRunner (see learner/loop.py)",
+            "final_version": self.version, "rollout": self.runner.describe(),
+            "max_lag": self.cfg.max_lag, "trained_episodes": len(self._trained),
+            "trained_unique": len(set(self._trained)),
             "timings_s": {k: round(v, 1) for k, v in self.history.timings.items()},
             "store": self.store.url,
         }
+
+
+def _rng_json(state: tuple[Any, ...]) -> list[Any]:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _rng_from_json(data: Sequence[Any]) -> tuple[Any, ...]:
+    return (data[0], tuple(data[1]), data[2])
 
 
 def _fmt(d: dict[str, float]) -> str:

@@ -1,15 +1,32 @@
 """The training run's config (``agentenv train CONFIG``): one YAML, validated before anything starts.
 
-Why its own model rather than ``rollout.config.RolloutConfig``: a training run
-has phases (warm start, RL, evaluation) with their own seeds, sampling and
-optimiser settings; the rollout parts it shares (task selection, harness
-rotation, effort draws) are the same pydantic types, so a field means the same
-thing in both files.
+Built from the parts' own configs instead of re-declaring their fields:
+``rollout:`` is a ``rollout.config.RolloutConfig`` (tasks, harness rotation,
+effort draws, sampling, group size, workers, sandboxes, the staleness bound K,
+fault budgets, Ray placement: the same field means the same thing in a rollout
+job and a training run) and ``trainer:`` is a ``learner.types.TrainerConfig``
+(optimizer, schedule, micro-batching, device precision and every GPU fast-path
+option ``learner.bench_gpu`` measures). What is the training run's own: the
+phases (``sft``, ``rl``, ``eval``), the model, the runner, checkpoints.
+
+A setting two parts both read is given once; a second, conflicting one is an
+error naming both fields, never silently rewritten: ``rl.loss.temperature``
+(the temperature the loss recomputes logprobs at) must equal
+``rollout.sampling.temperature`` (what the rollouts sampled at) and is taken
+from it when unset; ``rollout.run_id`` / ``rollout.store`` are the run's own
+``run_id`` / ``store``. ``rollout.seeds`` and ``rollout.policy`` are not used by
+training (variant seeds are drawn from ``train_seeds``; the policy is the
+learner's model) and are refused when given.
 
 Seeds: warm start and RL draw variant seeds from ``train_seeds`` (a range
 starting at 0); evaluation uses ``eval.seeds``, which must be disjoint from the
 training range (checked here), so the held-out pass rate is measured on
 variants no training step ever saw, and on the same ones at every evaluation.
+
+Modes, by the staleness bound K = ``rollout.staleness.max_lag``: K = 0 is the
+synchronous loop; K >= 1 samples the next K iterations' groups while the
+learner trains; ``rl.partial_rollouts`` (K >= 1) instead holds rollouts during
+each learner step and carries unfinished episodes into the next iteration.
 """
 
 from __future__ import annotations
@@ -18,14 +35,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from learner.errors import LearnerConfigError
-from learner.types import AdvantageConfig, LossConfig
-from rollout.config import EffortDraw, TaskSelection
-from rollout.harnesses.rotation import RotationPolicy
+from learner.types import AdvantageConfig, LossConfig, TrainerConfig
+from rollout.config import ConfigError, RolloutConfig
 
-__all__ = ["EvalConfig", "ModelConfig", "RLConfig", "SFTConfig", "TrainConfig", "load_train_config"]
+__all__ = [
+    "CheckpointConfig", "EvalConfig", "ModelConfig", "RLConfig", "SFTConfig", "TrainConfig", "load_train_config",
+]
 
 
 class _Model(BaseModel):
@@ -44,6 +64,8 @@ class ModelConfig(_Model):
     sliding_window: int | None = Field(default=None, ge=1, description="local attention span of the layers after the first full_attention_layers")
     full_attention_layers: int | None = Field(default=None, ge=0, description="leading full-attention layers (default 1) when sliding_window is set")
     seed: int = 0
+    device: str = Field(default="cpu", description="the learner's torch device (cuda, cuda:1, cpu)")
+    rollout_device: str = Field(default="cpu", description="where the rollout policy's copy samples (in-process and Ray workers)")
 
 
 class SFTConfig(_Model):
@@ -56,19 +78,24 @@ class SFTConfig(_Model):
 
 
 class RLConfig(_Model):
-    """RL iterations: ``groups_per_iter`` task variants x ``group_size`` samples, then learner steps."""
+    """RL iterations: ``groups_per_iter`` task variants x ``rollout.group_size`` samples, then learner steps.
+
+    Sampling (temperature, top_p, max_new_tokens) is ``rollout.sampling``; the
+    optimizer (lr, warmup, ...) is ``trainer``; the staleness bound K is
+    ``rollout.staleness.max_lag``.
+    """
 
     iterations: int = Field(default=10, ge=0)
     groups_per_iter: int = Field(default=4, ge=1)
-    group_size: int = Field(default=8, ge=2)
-    temperature: float = Field(default=1.0, gt=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    lr: float = Field(default=1e-3, gt=0.0)
     updates_per_iter: int = Field(default=1, ge=1, description="optimizer steps on each batch (minibatches)")
     continue_sft_optimizer: bool = Field(
         default=False, description="start RL's AdamW from the warm start's moments (a fresh Adam's first steps move every weight by ~lr)"
     )
-    max_lag: int = Field(default=1, ge=0, description="staleness K: train only on policy_version >= version - K")
+    partial_rollouts: bool = Field(
+        default=False, description="cut each iteration's batch when groups_per_iter groups are done; hold the rest "
+        "during the learner step and continue them under the new weights (needs rollout.staleness.max_lag >= 1)",
+    )
+    partial_oversample: int = Field(default=2, ge=0, description="partial_rollouts: groups in flight beyond groups_per_iter")
     loss: LossConfig = LossConfig.dapo()
     advantage: AdvantageConfig = AdvantageConfig()
 
@@ -94,39 +121,96 @@ class EvalConfig(_Model):
         return v
 
 
+class CheckpointConfig(_Model):
+    """Resume points: after every ``every`` RL iterations, ``out_dir/run_id/checkpoints/iter-NNNNNN``
+    (model in Hugging Face format, optimizer, scheduler, RNG, data position, pending groups);
+    the newest ``keep`` are kept. ``every: 0`` writes none (and ``--resume`` can only restart)."""
+
+    every: int = Field(default=1, ge=0)
+    keep: int = Field(default=2, ge=1)
+
+
 class TrainConfig(_Model):
     """Everything one ``agentenv train`` run needs; see ``examples/quickstart.yaml`` for a commented one."""
 
     run_id: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     store: str | None = None
     out_dir: str = "runs"
-    tasks: TaskSelection = TaskSelection(tags=("quickstart",))
-    rotation: RotationPolicy = RotationPolicy(kind="round_robin")
-    efforts: EffortDraw = EffortDraw(levels=("low", "high", "max"))
+    runner: Literal["inprocess", "ray"] = Field(
+        default="inprocess", description="where episodes run: this process (the embedded default), or Ray workers"
+    )
+    rollout: RolloutConfig
+    trainer: TrainerConfig = TrainerConfig(lr=1e-3, micro_batch_tokens=4096, logprobs_at_loss_tokens=True)
     train_seeds: int = Field(default=5000, ge=1, description="training variant seeds are 0 .. train_seeds-1")
     model: ModelConfig = ModelConfig()
     sft: SFTConfig = SFTConfig()
     rl: RLConfig = RLConfig()
     eval: EvalConfig = EvalConfig()
-    max_new_tokens: int = Field(default=128, ge=1, description="per-turn sampling cap")
+    checkpoint: CheckpointConfig = CheckpointConfig()
     stop_at_call_end: bool = Field(
         default=True, description="end a sampled turn at the first </tool_call> (one call per turn), as agent RL loops do"
     )
-    concurrency: int = Field(default=4, ge=1, description="episodes in flight in the rollout runner")
-    pool_size: int = Field(default=2, ge=1)
-    backend: str = Field(default="docker", pattern=r"^(docker|local)$")
     torch_threads: int = Field(default=2, ge=1)
     seed: int = 0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_place_each(cls, data: Any) -> Any:
+        """``rollout.run_id`` / ``rollout.store`` come from the run's own; a different value names both."""
+        if not isinstance(data, dict):
+            return data
+        rollout = dict(data.get("rollout") or {})
+        for refused, why in (("seeds", "training draws variant seeds from train_seeds (and eval.seeds)"),
+                             ("policy", "training samples from the learner's own model (model:)")):
+            if refused in rollout:
+                raise LearnerConfigError(f"rollout.{refused}: not used by training: {why}; remove it")
+        for field, mine in (("run_id", data.get("run_id")), ("store", data.get("store"))):
+            if field in rollout and mine is not None and rollout[field] != mine:
+                raise LearnerConfigError(
+                    f"rollout.{field}: {rollout[field]!r} conflicts with {field}: {mine!r}; give it once, as {field}"
+                )
+            if mine is not None:
+                rollout[field] = mine
+        rollout.setdefault("run_id", data.get("run_id") or "run")
+        return {**data, "rollout": rollout}
+
     @model_validator(mode="after")
-    def _disjoint(self) -> TrainConfig:
+    def _consistent(self) -> TrainConfig:
         overlap = [s for s in self.eval.seeds if 0 <= s < self.train_seeds]
         if overlap:
             raise LearnerConfigError(
                 f"eval.seeds: expected none of the training seeds 0..{self.train_seeds - 1}, "
                 f"got an overlap: {overlap[:5]}"
             )
+        sampled = self.rollout.sampling.temperature
+        if "temperature" in self.rl.loss.model_fields_set and self.rl.loss.temperature != sampled:
+            raise LearnerConfigError(
+                f"rl.loss.temperature: {self.rl.loss.temperature} conflicts with rollout.sampling.temperature: "
+                f"{sampled}; the loss must score tokens at the temperature they were sampled at: set one"
+            )
+        if sampled <= 0:
+            raise LearnerConfigError(
+                "rollout.sampling.temperature: RL samples need a temperature > 0 (their logprobs are trained on), got 0"
+            )
+        if self.rollout.group_size < 2:
+            raise LearnerConfigError(
+                f"rollout.group_size: group-relative advantages need >= 2 samples per variant, got {self.rollout.group_size}"
+            )
+        if self.rl.partial_rollouts and self.rollout.staleness.max_lag < 1:
+            raise LearnerConfigError(
+                "rl.partial_rollouts: an episode continued under the next weights is one version behind, so it needs "
+                f"rollout.staleness.max_lag >= 1, got {self.rollout.staleness.max_lag}"
+            )
         return self
+
+    @property
+    def max_lag(self) -> int:
+        """The staleness bound K: no trained sample is more than K versions behind the learner."""
+        return self.rollout.staleness.max_lag
+
+    def loss_config(self) -> LossConfig:
+        """``rl.loss`` at the rollouts' sampling temperature (checked equal above when given)."""
+        return self.rl.loss.model_copy(update={"temperature": self.rollout.sampling.temperature})
 
     def run_dir(self) -> Path:
         return Path(self.out_dir) / self.run_id
@@ -141,6 +225,8 @@ def load_train_config(path: str | Path, **overrides: Any) -> TrainConfig:
         raise LearnerConfigError(f"{source}: expected a readable YAML file, got {exc}") from exc
     seed = overrides.pop("seed", None)
     data.update({k: v for k, v in overrides.items() if v is not None})
+    if not isinstance(data, dict):
+        raise LearnerConfigError(f"{source}: expected a mapping of config fields, got {type(data).__name__}")
     if seed is not None:  # one number re-seeds the run: model init, seed draws, sampling
         data["seed"] = seed
         data["model"] = {**(data.get("model") or {}), "seed": seed}
@@ -149,4 +235,10 @@ def load_train_config(path: str | Path, **overrides: Any) -> TrainConfig:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise LearnerConfigError(f"{source.name}: {where}: {first['msg']}") from None
+        error = (first.get("ctx") or {}).get("error")
+        msg = str(error) if error is not None else first["msg"]  # our own validators' messages name their fields
+        raise LearnerConfigError(f"{source.name}: {where + ': ' if where else ''}{msg}") from None
+    except LearnerConfigError as exc:
+        raise LearnerConfigError(f"{source.name}: {exc}") from None
+    except ConfigError as exc:  # a RolloutConfig validator's own error (rotation, efforts, ...)
+        raise LearnerConfigError(f"{source.name}: rollout: {exc}") from None

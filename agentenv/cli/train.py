@@ -47,10 +47,12 @@ def train(
     store: str | None = typer.Option(None, help="override the config's store URL"),
     run_id: str | None = typer.Option(None, "--run-id", help="override the config's run_id"),
     seed: int | None = typer.Option(None, help="override the run's seed (model init, seed draws, sampling)"),
+    resume: bool = typer.Option(False, "--resume", help="continue this config's killed run from its newest checkpoint"),
 ) -> None:
     """Warm-start on oracle episodes, then RL in Docker sandboxes, evaluated on held-out variants."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from learner.errors import CheckpointError
     from learner.job import run_training
     from learner.train_config import load_train_config
     from rollout.config import ConfigError
@@ -64,7 +66,11 @@ def train(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.fields[detail]}"), console=console,
     ) as progress:
-        summary = run_training(cfg, json_path=json_path, reporter=RichReporter(progress))
+        try:
+            summary = run_training(cfg, json_path=json_path, reporter=RichReporter(progress), resume=resume)
+        except CheckpointError as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from None
     table = Table(title=f"agentenv train: {summary['run_id']} (held-out, {summary['after_rl']['n']} episodes)")
     for col in ("split", "after warm start", "after RL"):
         table.add_column(col)

@@ -58,7 +58,7 @@ def test_eval_requests_are_identical_across_evaluations() -> None:
     assert strip(a) == strip(b) and len(a) == 12
     assert all(r.seed >= cfg.train_seeds for r in a)
     assert len({r.episode_id for r in a + b}) == 24  # stored apart, evaluation by evaluation
-    assert {r.harness for r in a} == set(cfg.rotation.harnesses)  # round-robin covers every harness
+    assert {r.harness for r in a} == set(cfg.rollout.rotation.harnesses)  # round-robin covers every harness
 
 
 def test_split_pass_rates_count_unscorable_as_fail() -> None:
