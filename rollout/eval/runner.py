@@ -134,7 +134,7 @@ def run_sweep(
     """
     import ray
 
-    from rollout.job import init_ray, resolve_tasks
+    from rollout.job import resolve_tasks
     from rollout.store import TrajectoryStore
 
     domains = resolve_tasks(cfg.tasks)
@@ -152,7 +152,7 @@ def run_sweep(
             done_pp[key.policy] = done_pp.get(key.policy, 0) + (req.episode_id in done)
         counters: dict[str, Any] = {"planned": len(plan), "skipped": len(plan) - len(todo), "ran": len(todo)}
         if todo:
-            started = init_ray(cfg.ray, cfg.workers)
+            started = _init_ray(cfg)
             try:
                 _check_placement(cfg)
                 counters.update(asyncio.run(_run(cfg, todo, store, domains, planned_pp, done_pp, on_event, on_start)))
@@ -163,6 +163,24 @@ def run_sweep(
     finally:
         store.close()
     return SweepRun(cfg, [k for k, _ in plan], results, missing, domains, counters)
+
+
+def _init_ray(cfg: SweepConfig) -> bool:
+    """Connect to or start Ray; True when this call started it. Embedded means ``address="local"``:
+    a bare ``ray.init()`` would join whatever head ``ray start`` last left on this machine."""
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = cfg.ray.address or ("auto" if os.environ.get("RAY_ADDRESS") else None)
+    if address is not None:
+        ray.init(address=address, log_to_driver=True)
+        return True
+    resources = {cfg.ray.worker_resource: float(cfg.workers)} if cfg.ray.worker_resource else None
+    ray.init(address="local", num_cpus=cfg.ray.num_cpus, resources=resources, include_dashboard=False, log_to_driver=True)
+    return True
 
 
 def _check_placement(cfg: SweepConfig) -> None:
