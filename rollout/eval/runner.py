@@ -90,7 +90,8 @@ def result_of(key: CellKey, traj: Trajectory) -> EpisodeResult:
     ev = v.get("eval") or {}
     passed = v.get("passed") if isinstance(v.get("passed"), bool) else None
     outcome = outcome_of(traj.status.value, traj.reward, traj.error, passed)
-    reasons = v.get("infra_retries") or []
+    # the sweep's reruns of an infrastructure outcome, then the runner's own fresh-sandbox retries
+    reasons = list(v.get("infra_retries") or []) + [f"sandbox retry: {x}" for x in v.get("retries") or []]
     prompt = sum(t.prompt_tokens for t in traj.turns) or int(ev.get("usage_prompt_tokens", 0))
     return EpisodeResult(
         episode_id=traj.episode_id, policy=key.policy, policy_id=key.policy_id, task_id=key.task_id,
