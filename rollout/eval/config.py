@@ -223,7 +223,7 @@ def parse_sweep(data: Any, *, source: str = "<sweep>") -> SweepConfig:
     try:
         return SweepConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [f"{source}: {_loc(e['loc'])}: {e['msg']}" for e in exc.errors()]
+        lines = [f"{source}: {_loc(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()]
         raise SweepConfigError("invalid sweep config\n  " + "\n  ".join(lines)) from None
 
 
