@@ -53,22 +53,34 @@ class SweepRun:
         return not self.missing and len(self.results) == len(self.planned)
 
 
-def _served_version(url: str, model: str) -> int | None:
-    """The version an ``agentenv serve``-like endpoint reports for ``model`` in ``/models``, if any."""
+def _get_json(url: str) -> Any:
     import urllib.request
 
+    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - the user's own endpoint
+        return json.loads(resp.read())
+
+
+def _served_version(url: str, model: str) -> int | None:
+    """The weights version the endpoint reports: ``/models`` entries, else SGLang-style
+    ``/get_model_info`` (``agentenv serve`` answers both); None when it reports none."""
+    base = url.rstrip("/")
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=10) as resp:  # noqa: S310 - the user's URL
-            data = json.loads(resp.read())
+        data = _get_json(base + "/models")
     except Exception as exc:  # noqa: BLE001
         raise SweepConfigError(f"policies: url {url!r}: the endpoint did not answer GET /models ({exc})") from None
+    ids = [m.get("id") for m in data.get("data", [])]
+    if model not in ids:
+        raise SweepConfigError(f"policies: model {model!r}: the endpoint at {url!r} serves {ids}")
     for m in data.get("data", []):
-        if m.get("id") == model:
-            for k in ("version", "policy_version"):
-                v = m.get(k) if k in m else (m.get("agentenv") or {}).get(k)
-                if isinstance(v, int):
-                    return v
-    return None
+        if m.get("id") == model and isinstance(m.get("version"), int):
+            return int(m["version"])
+    root = base[: -len("/v1")] if base.endswith("/v1") else base
+    try:
+        info = _get_json(root + "/get_model_info")
+    except Exception:  # noqa: BLE001 - not every server has it
+        return None
+    v = info.get("version") if isinstance(info, dict) else None
+    return int(v) if isinstance(v, int) else None
 
 
 def identities(cfg: SweepConfig) -> dict[str, dict[str, Any]]:

@@ -70,3 +70,34 @@ def test_sweep_references_outputs_resume_and_refusals(local_ray: Any, tmp_path: 
     # a changed field that changes stored results is refused by name
     with pytest.raises(ResumeRefused, match=r"grading: was 'in_place', now 'fork'"):
         run_sweep(parse_sweep(sweep_data(tmp_path, sweep_id=cfg.sweep_id, grading="fork")), resume=True)
+
+
+def test_model_policies_local_checkpoint_and_agentenv_serve_through_openai(local_ray: Any, tmp_path: Path) -> None:
+    from rollout.policy.hf import HFPolicy
+    from rollout.policy.models import save_checkpoint, tiny_model
+    from rollout.serve import create_app, serve_in_thread
+
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(*tiny_model(seed=0), ckpt)
+    sampling = {"temperature": 1.0, "max_new_tokens": 16}
+    with serve_in_thread(create_app(HFPolicy(str(ckpt)), "tiny")) as url:
+        data = sweep_data(tmp_path, tasks={"ids": ["general/count_lines"]}, efforts=["high"], policies=[
+            {"name": "ckpt", "kind": "checkpoint", "checkpoint": str(ckpt), "sampling": sampling},
+            {"name": "served", "kind": "openai", "url": url, "model": "tiny", "max_concurrency": 1, "sampling": sampling},
+        ])
+        cfg = parse_sweep(data)
+        run = run_sweep(cfg)
+    assert run.complete and len(run.results) == 4
+    assert all(r.outcome is not Outcome.INFRASTRUCTURE for r in run.results), [(r.policy, r.status, r.error) for r in run.results]
+    ck = [r for r in run.results if r.policy == "ckpt"]
+    sv = [r for r in run.results if r.policy == "served"]
+    assert all(r.completion_tokens > 0 and r.prompt_tokens > 0 for r in ck)  # token-exact: counted on our side
+    assert all(r.completion_tokens > 0 and r.prompt_tokens > 0 for r in sv)  # chat: the server's prompt token ids
+    assert run.counters["endpoints"][f"{url}#tiny"]["peak"] == 1  # the endpoint bound held
+    with TrajectoryStore(cfg.store) as store, store.engine.connect() as conn:
+        from sqlalchemy import select
+
+        from rollout.store import RunRow
+
+        lock = conn.execute(select(RunRow.config).where(RunRow.run_id == cfg.sweep_id)).scalar_one()
+    assert lock["policies"]["served"]["version"] == 0 and len(lock["policies"]["ckpt"]["weights"]) == 16
