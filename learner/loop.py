@@ -328,10 +328,17 @@ class TrainLoop:
 
     async def warm_start(self) -> None:
         cfg = self.cfg.sft
+        if self.cfg.trainer.deterministic:  # before the first SFT step, not only when the RL trainer is built
+            from learner.trainer import make_deterministic
+
+            make_deterministic(self.cfg.torch_threads)
         if cfg.episodes == 0 or cfg.steps == 0:
             return
         t0 = time.monotonic()
-        requests = self._train_requests("sft", self._draw_seeds(cfg.episodes), 1, policy="oracle")
+        seeds = self._draw_seeds(cfg.episodes)
+        if cfg.variant_seeds is not None:  # the warm start sees only the task's simpler family of variants
+            seeds = [(task_id, seed % cfg.variant_seeds) for task_id, seed in seeds]
+        requests = self._train_requests("sft", seeds, 1, policy="oracle")
         self.reporter.phase("warm start: oracle episodes", len(requests))
         trajs = await self._run_all(requests, "oracle")
         items = sft_items(trajs)
@@ -587,7 +594,7 @@ class TrainLoop:
             "pass_rate_greedy_after_rl": last.greedy_pass_rate,
             "after_warm_start": {"by_harness": first.by_harness, "by_effort": first.by_effort, "n": first.n},
             "after_rl": {"by_harness": last.by_harness, "by_effort": last.by_effort, "n": last.n},
-            "evals": [vars(e) for e in self.history.evals],
+            "evals": [vars(e) for e in self.history.evals], "rl": list(self.history.rl),
             "final_version": self.version, "rollout": self.runner.describe(),
             "max_lag": self.cfg.max_lag, "trained_episodes": len(self._trained),
             "trained_unique": len(set(self._trained)),

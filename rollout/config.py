@@ -167,6 +167,7 @@ class RayConfig(_Model):
     num_cpus: int = Field(default=2, ge=1, description="embedded Ray only")
     worker_resource: str | None = Field(default="docker_daemon", description="custom resource placing workers")
     worker_cpus: float = Field(default=0.5, ge=0)
+    spread: bool = Field(default=True, description="place workers on as many nodes as possible (Ray's SPREAD strategy)")
 
 
 class RolloutConfig(_Model):

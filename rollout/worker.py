@@ -33,6 +33,7 @@ the containers the dead one left (they carry its pid, see ``sandboxes.labels``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -204,6 +205,7 @@ class RolloutWorker:
             gate=self.gate,
         )
         self._pending: tuple[int, Any] | None = None
+        self._identity: dict[str, Any] | None = None
         self.running = 0
         self.finished = 0
         self._closed = False
@@ -222,10 +224,18 @@ class RolloutWorker:
                 self.runner.policies["train"] = self.runner.policy
         self.running += 1
         try:
-            return await self.runner.run(request)
+            traj = await self.runner.run(request)
         finally:
             self.running -= 1
             self.finished += 1
+        # where it ran, for the record (a node's episodes can be told apart after the fact)
+        return dataclasses.replace(traj, verifier={**dict(traj.verifier), "worker": self._where()})
+
+    def _where(self) -> dict[str, Any]:
+        if self._identity is None:
+            info = self.info()
+            self._identity = {"index": self.index, "pid": info["pid"], "host": info["host"], "node_id": info["node_id"]}
+        return self._identity
 
     async def warm(self, task_ids: list[str], per_image: int) -> dict[str, Any]:
         """Start ``per_image`` warm sandboxes of every image the run's tasks use; returns what it did."""
@@ -304,6 +314,8 @@ def start_worker(cfg: RolloutConfig, index: int, spec: WorkerSpec | None = None)
     }
     if cfg.ray.worker_resource:
         options["resources"] = {cfg.ray.worker_resource: 1}
+    if cfg.ray.spread:  # one worker per node (per Docker daemon) before two on one
+        options["scheduling_strategy"] = "SPREAD"
     actor_cls = ray.remote(RolloutWorker)
     return actor_cls.options(**options).remote(spec or WorkerSpec.from_config(cfg), index)  # type: ignore[attr-defined]
 
