@@ -1,0 +1,214 @@
+"""The gateway's HTTP server: three model APIs in front of any ``Policy``, one session per listener.
+
+Each episode gets its own listener -- a Unix socket that is mounted into that
+episode's sandbox only (or a loopback port in tests) -- bound to its own
+``Session``. No route names a session, so a sandbox can reach its own episode's
+record and nothing else. Routes::
+
+    POST /v1/messages                 Anthropic Messages (stream or not); ?beta=true accepted
+    POST /v1/messages/count_tokens    Anthropic token count (not recorded)
+    POST /v1/responses                OpenAI Responses (stream or not)
+    POST /v1/chat/completions         OpenAI chat completions (stream or not)
+    GET  /v1/models                   the one model name served
+    HEAD|GET /                        liveness (Claude Code probes HEAD /api/hello without the offline flags)
+
+Bad input never crashes the server: a malformed body is a 400 in the API's own
+error shape, a policy failure a 500 (``api_error`` / ``server_error``), a spent
+turn budget a 429, and the session keeps every record it had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from rollout.gateway import replies
+from rollout.gateway.session import BudgetSpent, Session
+from rollout.gateway.types import Api, GatewayError
+from rollout.gateway.wire import READERS, Conversation
+from rollout.policy.types import PolicyError
+
+log = logging.getLogger(__name__)
+
+
+def make_app(session: Session, model_name: str = "agentenv-policy") -> FastAPI:
+    """The ASGI app of one session."""
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    async def handle(request: Request, api: Api, write: Callable[[Conversation, Any], Response]) -> Response:
+        anthropic = api is Api.ANTHROPIC
+        try:
+            body = json.loads(await request.body())
+            conv = READERS[api](body)
+        except (ValueError, RecursionError) as exc:  # JSON errors, GatewayError
+            param = getattr(exc, "param", "")
+            err = replies.anthropic_error("invalid_request_error", str(exc)) if anthropic else replies.openai_error("invalid_request_error", str(exc), param)
+            return JSONResponse(err, status_code=400)
+        try:
+            reply, _record = await session.call(conv)
+        except BudgetSpent as exc:
+            err = replies.anthropic_error("rate_limit_error", str(exc)) if anthropic else replies.openai_error("rate_limit_exceeded", str(exc))
+            return JSONResponse(err, status_code=429)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - PolicyError or a policy bug: the API's 500, the server lives on
+            why = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
+            log.warning("session %s: policy failed: %s", session.id, why)
+            err = replies.anthropic_error("api_error", why) if anthropic else replies.openai_error("server_error", why)
+            return JSONResponse(err, status_code=500)
+        return write(conv, reply)
+
+    def _stream(chunks: Any) -> StreamingResponse:
+        return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        def write(conv: Conversation, reply: Any) -> Response:
+            model = conv.model or model_name
+            if conv.stream:
+                return _stream(replies.anthropic_stream(reply, model))
+            return JSONResponse(replies.anthropic_body(reply, model))
+
+        return await handle(request, Api.ANTHROPIC, write)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        try:
+            conv = READERS[Api.ANTHROPIC](json.loads(await request.body()))
+            text = session.tok.apply_chat_template(conv.messages, tools=conv.tools or None, tokenize=False, add_generation_prompt=True)
+            return JSONResponse({"input_tokens": len(session.tok.encode(text, add_special_tokens=False))})
+        except (ValueError, RecursionError) as exc:
+            return JSONResponse(replies.anthropic_error("invalid_request_error", str(exc)), status_code=400)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        def write(conv: Conversation, reply: Any) -> Response:
+            model, rid = conv.model or model_name, "resp_" + reply.message_id[4:]
+            if conv.stream:
+                return _stream(replies.responses_stream(reply, model, rid))
+            return JSONResponse(replies.responses_body(reply, model, rid))
+
+        return await handle(request, Api.RESPONSES, write)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        def write(conv: Conversation, reply: Any) -> Response:
+            model, cid = conv.model or model_name, "chatcmpl-" + reply.message_id[4:]
+            if conv.stream:
+                return _stream(replies.chat_stream(reply, model, cid, conv.include_usage))
+            return JSONResponse(replies.chat_body(reply, model, cid))
+
+        return await handle(request, Api.CHAT, write)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "agentenv"}]})
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    @app.api_route("/api/hello", methods=["GET", "HEAD"])
+    async def hello() -> Response:
+        return Response(status_code=200)
+
+    return app
+
+
+class GatewayServer:
+    """Serves one session's app on a Unix socket (``uds``) or a loopback port, in the caller's event loop.
+
+    >>> server = GatewayServer(session, uds="/tmp/ep/gw.sock")          # doctest: +SKIP
+    >>> await server.start(); ...; await server.stop()
+    """
+
+    def __init__(self, session: Session, *, uds: str | os.PathLike[str] | None = None, port: int | None = None, model_name: str = "agentenv-policy") -> None:
+        import uvicorn
+
+        if (uds is None) == (port is None):
+            raise GatewayError("GatewayServer: give exactly one of uds= or port=", "uds")
+        self.session = session
+        self.uds = str(uds) if uds is not None else None
+        self.port = port
+        self._sock: socket.socket | None = None
+        if self.uds is None:
+            self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind(("127.0.0.1", port or 0))
+            self.port = self._sock.getsockname()[1]
+        config = uvicorn.Config(make_app(session, model_name), uds=self.uds, log_level="warning", lifespan="off",
+                                access_log=False, timeout_keep_alive=30)
+        self._server = uvicorn.Server(config)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        if self.uds is not None:
+            Path(self.uds).unlink(missing_ok=True)
+        sockets = [self._sock] if self._sock is not None else None
+        self._task = asyncio.create_task(self._server.serve(sockets=sockets))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise GatewayError("gateway server stopped while starting")
+            await asyncio.sleep(0.005)
+        if self.uds is not None:
+            os.chmod(self.uds, 0o666)  # the sandbox user connects; the socket's folder is this episode's only
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout=10)
+            except (TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+        if self.uds is not None:
+            Path(self.uds).unlink(missing_ok=True)
+
+
+class ThreadedGateway:
+    """A ``GatewayServer`` on its own event loop in a thread: for synchronous callers (tests, scripts)."""
+
+    def __init__(self, session: Session, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gateway", daemon=True)
+        self._thread.start()
+        self.server = self._run(self._make(session, kwargs))
+        self._run(self.server.start())
+
+    async def _make(self, session: Session, kwargs: dict[str, Any]) -> GatewayServer:
+        return GatewayServer(session, **kwargs)
+
+    def _run(self, coro: Awaitable[Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=60)  # type: ignore[arg-type]
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    def close(self) -> None:
+        try:
+            self._run(self.server.stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()
+
+    def __enter__(self) -> ThreadedGateway:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+__all__ = ["GatewayServer", "ThreadedGateway", "make_app"]
