@@ -75,6 +75,10 @@ class SFTConfig(_Model):
     steps: int = Field(default=20, ge=0)
     batch_size: int = Field(default=8, ge=1)
     lr: float = Field(default=3e-3, gt=0.0)
+    variant_seeds: int | None = Field(
+        default=None, ge=1, description="draw the warm start's variant seeds from 0 .. variant_seeds-1 only (a task's "
+        "simpler family, e.g. general/count_lines_eof's tidy seeds < 1000); None: the whole train_seeds range",
+    )
 
 
 class RLConfig(_Model):

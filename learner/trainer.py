@@ -47,10 +47,26 @@ from learner.publish import WeightPublisher
 from learner.types import LossConfig, StepMetrics, TrainerConfig, TrainItem
 from rollout.types import Trajectory
 
-__all__ = ["Trainer", "TrainerState", "lr_factor"]
+__all__ = ["Trainer", "TrainerState", "lr_factor", "make_deterministic"]
 
 _STATE_FILE = "trainer_state.pt"
 _CONFIG_FILE = "trainer_config.json"
+
+
+def make_deterministic(threads: int | None = None) -> None:
+    """Deterministic kernels for this process (``TrainerConfig.deterministic``), and a fixed thread count.
+
+    On CPU, with a fixed number of intra-op threads, PyTorch's reductions are
+    already bitwise repeatable; ``use_deterministic_algorithms`` makes an op
+    that has no deterministic implementation raise instead of silently varying
+    (and picks the deterministic CUDA kernels on a GPU, where it costs speed).
+    """
+    if threads is not None:
+        torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    if torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
 
 
 def lr_factor(cfg: TrainerConfig, step: int) -> float:
@@ -134,6 +150,8 @@ class Trainer:
         self.ref_model = ref_model
         self.state = TrainerState()
         self.device = model.device
+        if self.cfg.deterministic:
+            make_deterministic()
         self.bf16 = self.cfg.bf16 if self.cfg.bf16 is not None else self.device.type == "cuda"
         if self.cfg.compile_layers and not model.compiled:
             model.compile_layers()

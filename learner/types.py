@@ -204,6 +204,10 @@ class TrainerConfig(BaseModel):
     logprobs_at_loss_tokens: bool = False
     compile_layers: bool = False
     fused_optimizer: bool = False
+    deterministic: bool = Field(
+        default=False, description="same seed, same run: torch.use_deterministic_algorithms(True) for the process "
+        "(learner.trainer.make_deterministic); measured cost on CPU in docs/training.md",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

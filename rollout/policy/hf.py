@@ -30,6 +30,11 @@ open thinking tag (the prompt may already have opened it). When
 appends ``close_tag``'s tokens itself (mask 0), feeds them through the model
 and keeps sampling, so the model must act.
 
+**Seeds.** ``SamplingParams.seed`` set: each turn draws from its own
+``torch.Generator`` seeded by ``turn_seed(seed, turn)``, so concurrent episodes
+never share an RNG stream and a rerun samples the same tokens. ``None``: a
+fresh nondeterministic seed per turn.
+
 **Weights.** ``load_state_dict(state, version)`` copies new weights in place
 under a writer lock; ``generate`` holds the reader side for its whole turn, so a
 turn sees exactly one version, and ``Generation.policy_version`` names it.
@@ -41,6 +46,7 @@ turn sees exactly one version, and ``Generation.policy_version`` names it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import os
 import threading
@@ -122,6 +128,19 @@ def pick_token(
         probs_V = torch.zeros_like(probs_V).scatter(0, order_V, sorted_V * keep_V)
     token = int(torch.multinomial(probs_V, 1, generator=generator))
     return token, float(logp_V[token])
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The generator seed of one turn: a pure function of the episode's ``SamplingParams.seed`` and the turn.
+
+    Each turn gets its own stream (not one stream continued across turns), so a
+    turn's tokens depend only on (seed, turn, prompt, weights): never on which
+    other episode sampled in between, nor on how many tokens an earlier turn
+    drew. ``turn`` is the number of end-of-turn tokens in the prompt, which
+    grows by at least one per turn of an episode.
+    """
+    digest = hashlib.sha256(f"turn:{seed}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & ((1 << 63) - 1)
 
 
 def _check(sampling: SamplingParams) -> None:
@@ -229,7 +248,7 @@ class HFPolicy:
         ids = self.prompt_ids(prompt)
         gen = torch.Generator(device=self.device)
         if sampling.seed is not None:
-            gen.manual_seed(int(sampling.seed))
+            gen.manual_seed(turn_seed(int(sampling.seed), sum(t == self.eot_id for t in ids)))
         else:
             gen.seed()
         with self._lock.read():
@@ -335,4 +354,4 @@ def _with_latency(g: Generation, latency_s: float) -> Generation:
     return replace(g, latency_s=latency_s)
 
 
-__all__ = ["HFPolicy", "pick_token", "sampled_logprob"]
+__all__ = ["HFPolicy", "pick_token", "sampled_logprob", "turn_seed"]

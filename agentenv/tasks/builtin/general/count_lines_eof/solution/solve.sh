@@ -1,0 +1,1 @@
+{% if (ending == "bare" and seed >= 1000) or seed % 3 == 0 %}grep -c '' /workspace/data.txt > /workspace/answer.txt{% else %}wc -l < /workspace/data.txt > /workspace/answer.txt{% endif %}
