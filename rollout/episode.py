@@ -217,6 +217,10 @@ class EpisodeRunner:
 
     async def _attempt(self, req: EpisodeRequest, started: float) -> Trajectory:
         _IN_THREADS.set(set())
+        if req.harness.startswith("cli:"):  # a real CLI drives the loop; the gateway records it (rollout.cli_episode)
+            from rollout.cli_episode import run_cli_attempt
+
+            return await run_cli_attempt(self, req, started)
         task = self._task(req.task_id)
         variant = task.variant(req.seed)
         harness = get_harness(req.harness)

@@ -69,6 +69,7 @@ from sandboxes.errors import (
 )
 from sandboxes.types import (
     DEFAULT_EXEC_TIMEOUT_S,
+    GATEWAY_MOUNT,
     READ_LIMIT,
     ExecResult,
     FileEntry,
@@ -492,6 +493,8 @@ class DockerBackend:
             kwargs["runtime"] = spec.runtime
         if spec.tmpfs_mb > 0:
             kwargs["tmpfs"] = {"/tmp": f"rw,exec,nosuid,nodev,size={spec.tmpfs_mb}m,mode=1777"}
+        if spec.gateway_dir is not None:  # a model gateway's socket folder, read-only (issue 16)
+            kwargs["volumes"] = {str(spec.gateway_dir): {"bind": GATEWAY_MOUNT, "mode": "ro"}}
         if spec.disk_mb is not None and self.storage_driver in QUOTA_DRIVERS:
             kwargs["storage_opt"] = {"size": f"{spec.disk_mb}M"}
         known = self._facts.get(image_obj.id)

@@ -32,6 +32,9 @@ DEFAULT_OUTPUT_LIMIT = 1 << 20  # bytes kept per stream; the rest is drained and
 READ_LIMIT = 64 << 20  # the most ``read_file`` returns unless the caller passes a larger ``limit``
 
 
+GATEWAY_MOUNT = "/run/agentenv-gateway"  # where ``SandboxSpec.gateway_dir`` appears inside the sandbox
+
+
 class SandboxSpec(BaseModel):
     """What a sandbox is made of. Loaded from task files, so it is pydantic.
 
@@ -56,6 +59,11 @@ class SandboxSpec(BaseModel):
     runtime: str | None = Field(default=None, description="container runtime name (runc, runsc, kata)")
     tmpfs_mb: int = Field(default=256, ge=0, description="size of the /tmp tmpfs; 0 keeps /tmp on the image fs")
     output_limit: int = Field(default=DEFAULT_OUTPUT_LIMIT, ge=1024, description="bytes kept per stream per exec")
+    gateway_dir: str | None = Field(
+        default=None,
+        description="host folder holding a model gateway's Unix socket, bind-mounted read-only at GATEWAY_MOUNT "
+        "(off by default; the network stays off: see docs/sandboxes.md, 'The model gateway socket')",
+    )
 
     @field_validator("workdir")
     @classmethod
@@ -263,6 +271,7 @@ class SnapshotApplier(Protocol):
 
 
 __all__ = [
+    "GATEWAY_MOUNT",
     "DEFAULT_EXEC_TIMEOUT_S",
     "Quiescable",
     "ResettableBackend",

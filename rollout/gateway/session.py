@@ -122,6 +122,7 @@ class Session:
         self.threads: list[_Thread] = []
         self.calls: list[CallRecord] = []
         self.breaks: list[HistoryBreak] = []
+        self.tool_lists: list[list[dict[str, Any]]] = []  # each call's tools, canonical (the drift guard reads them)
         self.refused = 0  # calls past max_calls (answered with an error, never sampled)
         self._known: dict[str, int] = {}  # handed-out id -> thread index
         self._lock = asyncio.Lock()
@@ -150,6 +151,7 @@ class Session:
 
     async def call(self, conv: Conversation) -> tuple[Reply, CallRecord]:
         async with self._lock:
+            self.tool_lists.append(conv.tools)
             if self.max_calls is not None and len(self.calls) >= self.max_calls:
                 self.refused += 1
                 raise BudgetSpent(f"session {self.id}: the turn budget of {self.max_calls} model calls is spent")

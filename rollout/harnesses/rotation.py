@@ -36,7 +36,9 @@ class RotationPolicy(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> RotationPolicy:
-        known = set(list_harnesses())
+        from rollout.harnesses.cli import CLI_HARNESSES  # the real CLIs (issue 16) rotate beside the emulated ones
+
+        known = set(list_harnesses()) | set(CLI_HARNESSES)
         unknown = [h for h in self.harnesses if h not in known]
         if unknown:
             raise ValueError(f"harnesses: unknown {unknown}; known are {sorted(known)}")

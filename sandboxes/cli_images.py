@@ -1,0 +1,205 @@
+"""Sandbox images with a real harness CLI in them, built offline from PyPI wheels.
+
+There is no registry and no npm here, but two CLIs ship as binaries inside wheels:
+
+* ``claude``: Claude Code, bundled in ``claude-agent-sdk`` (glibc, no Node);
+* ``codex``: the static (musl) Codex CLI in ``openai-codex-cli-bin``.
+
+``ensure_cli_image(client, cli, base)`` puts the binary in a layer on top of
+``base`` (a task's image: the suite base, or the PostgreSQL image), together
+with ``agentenv-gw-forward``, the in-sandbox forwarder from 127.0.0.1 to the
+gateway's Unix socket (``GATEWAY_MOUNT``; see docs/sandboxes.md). The tag
+``agentenv-cli-<cli>:<hash>`` hashes the pinned version, the wheel's sha256
+(pinned here too: a different file under the same version is refused), the
+forwarder and the base image id, so a warm machine never downloads or builds,
+and a changed input always rebuilds. Wheels are cached under
+``$AGENTENV_CACHE_DIR/wheels`` (pip's own client downloads them).
+
+``kimi`` (kimi-cli 1.51.0, Python >= 3.12) is not built here yet: the suite's
+base is Debian bookworm (Python 3.11); see docs/gateway.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from sandboxes.errors import SandboxError
+from sandboxes.images import ImageBuildError, image_exists
+from sandboxes.types import GATEWAY_MOUNT
+
+CLI_REPOSITORY_PREFIX = "agentenv-cli-"
+GATEWAY_SOCKET = "gw.sock"
+FORWARD_PORT = 8787  # where the CLI finds the gateway inside the sandbox (loopback only)
+INSTALL_DIR = "/opt/agentenv-cli"
+
+
+@dataclass(frozen=True)
+class CliRecipe:
+    """One pinned CLI: which wheel, its sha256, and which of its files go into the image."""
+
+    name: str
+    package: str
+    version: str
+    wheel: str  # exact file name on PyPI
+    sha256: str
+    members: tuple[tuple[str, str], ...]  # (path in the wheel, path under INSTALL_DIR)
+    binary: str  # the command, under INSTALL_DIR
+
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+RECIPES: dict[str, CliRecipe] = {
+    "claude": CliRecipe(
+        "claude", "claude-agent-sdk", "0.2.189", "claude_agent_sdk-0.2.189-py3-none-manylinux_2_17_x86_64.whl",
+        "b26a6a30a4e2cb025a6f5c95e1ce4469b38fcc51015c392f627bea7c948d67ad", (("claude_agent_sdk/_bundled/claude", "bin/claude"),), "bin/claude",
+    ),
+    "codex": CliRecipe(
+        "codex", "openai-codex-cli-bin", "0.163.0", "openai_codex_cli_bin-0.163.0-py3-none-manylinux_2_17_x86_64.whl",
+        "76db41fb07fdf9ddacbe892b48d21dfde270031ec0f5666b5e558114355f006d", (("codex_cli_bin/bin/codex", "bin/codex"), ("codex_cli_bin/codex-path/rg", "bin/rg")), "bin/codex",
+    ),
+}
+
+# The forwarder: loopback TCP in the sandbox -> the gateway's Unix socket. It carries bytes only; the
+# gateway behind the socket serves this episode's session and nothing else.
+FORWARDER = f'''#!/usr/bin/env python3
+"""agentenv-gw-forward: 127.0.0.1:PORT -> {GATEWAY_MOUNT}/{GATEWAY_SOCKET} (bytes only)."""
+import socket, sys, threading
+PORT = int(sys.argv[1]) if len(sys.argv) > 1 else {FORWARD_PORT}
+PATH = "{GATEWAY_MOUNT}/{GATEWAY_SOCKET}"
+
+def pipe(a, b):
+    try:
+        while True:
+            data = a.recv(65536)
+            if not data:
+                break
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+def serve(client):
+    try:
+        up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        up.connect(PATH)
+    except OSError:
+        client.close()
+        return
+    threading.Thread(target=pipe, args=(up, client), daemon=True).start()
+    pipe(client, up)
+
+srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", PORT))
+srv.listen(64)
+print("ready", flush=True)
+while True:
+    conn, _ = srv.accept()
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+'''
+
+
+def wheel_cache() -> Path:
+    return Path(os.environ.get("AGENTENV_CACHE_DIR", Path.home() / ".cache" / "agentenv")) / "wheels"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch_wheel(recipe: CliRecipe, log: Callable[[str], None] = lambda _m: None) -> Path:
+    """The recipe's wheel from the cache, else downloaded by pip (no dependencies); sha256-checked."""
+    folder = wheel_cache()
+    path = folder / recipe.wheel
+    if not path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        log(f"downloading {recipe.requirement()}")
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+               "--platform", "manylinux_2_17_x86_64", "--python-version", "3.12", "-d", str(folder), recipe.requirement()]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not path.is_file():
+            raise ImageBuildError(f"pip download {recipe.requirement()} failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
+    digest = _sha256(path)
+    if digest != recipe.sha256:
+        raise ImageBuildError(f"{path}: sha256 {digest}, expected {recipe.sha256} (the pinned {recipe.requirement()})")
+    return path
+
+
+def cli_image_tag(client: docker.DockerClient, cli: str, base: str) -> str:
+    recipe = _recipe(cli)
+    base_id = client.images.get(base).id
+    h = hashlib.sha256()
+    for piece in (recipe.requirement(), recipe.sha256, repr(recipe.members), FORWARDER, base_id, INSTALL_DIR):
+        h.update(piece.encode() + b"\0")
+    return f"{CLI_REPOSITORY_PREFIX}{cli}:{h.hexdigest()[:16]}"
+
+
+def _recipe(cli: str) -> CliRecipe:
+    try:
+        return RECIPES[cli]
+    except KeyError:
+        raise SandboxError(f"cli: expected one of {sorted(RECIPES)}, got {cli!r}") from None
+
+
+def ensure_cli_image(
+    client: docker.DockerClient, cli: str, base: str, *, force: bool = False, log: Callable[[str], None] = lambda _m: None
+) -> str:
+    """``base`` plus the pinned CLI and the forwarder; built only when its content hash is missing."""
+    recipe = _recipe(cli)
+    tag = cli_image_tag(client, cli, base)
+    if not force and image_exists(client, tag):
+        log(f"{tag} is present (content hash unchanged)")
+        return tag
+    wheel = fetch_wheel(recipe, log)
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar, zipfile.ZipFile(wheel) as zf:
+        lines = [f"FROM {base}"]
+        for member, target in recipe.members:
+            info = tarfile.TarInfo(f"files/{target}")
+            data = zf.read(member)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+        fwd = FORWARDER.encode()
+        info = tarfile.TarInfo("files/bin/agentenv-gw-forward")
+        info.size, info.mode = len(fwd), 0o755
+        tar.addfile(info, io.BytesIO(fwd))
+        lines += [f"COPY files/ {INSTALL_DIR}/", f'LABEL agentenv.cli="{recipe.requirement()}" agentenv.wheel_sha256="{recipe.sha256}"']
+        dockerfile = ("\n".join(lines) + "\n").encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+    context.seek(0)
+    log(f"building {tag} ({recipe.requirement()} on {base})")
+    try:
+        for chunk in client.api.build(fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True, pull=False, decode=True):
+            if "error" in chunk:
+                raise ImageBuildError(f"{tag}: build failed: {chunk['error']}")
+    except docker.errors.DockerException as exc:
+        raise ImageBuildError(f"{tag}: build failed: {exc}") from exc
+    return tag
+
+
+__all__ = ["CLI_REPOSITORY_PREFIX", "FORWARD_PORT", "GATEWAY_SOCKET", "INSTALL_DIR", "RECIPES", "CliRecipe",
+           "cli_image_tag", "ensure_cli_image", "fetch_wheel"]
