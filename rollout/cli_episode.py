@@ -18,7 +18,7 @@ giving up (graded), a turn budget spent is ``truncated``, the wall time
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import os
 import secrets
 import shutil
@@ -129,7 +129,8 @@ async def run_cli_attempt(runner: EpisodeRunner, req: EpisodeRequest, started: f
             status, error = Status.OK, ""
         episode = Episode(task.id, variant, final_answer=answer, workdir=spec.workdir)
         t2 = time.monotonic()
-        graded = await runner._blocking(lambda: grade_episode(runner.backend, sandbox, task, episode, in_place=True))
+        pristine = functools.partial(runner.sandboxes.pristine_copy, task, variant)  # the oracle's state, from warm pools
+        graded = await runner._blocking(lambda: grade_episode(runner.backend, sandbox, task, episode, in_place=True, pristine=pristine))
         verifier_s = time.monotonic() - t2
         from rollout.episode import _result_dict
 
