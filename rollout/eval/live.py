@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from rollout.eval.types import INFRA_STATUSES, Outcome, outcome_of
+from rollout.eval.types import Outcome, outcome_of
 
 __all__ = ["SweepProgress", "print_tables"]
 
@@ -47,7 +47,8 @@ class SweepProgress:
             self.progress.advance(self.bars[policy])
             passed = traj.verifier.get("passed") if isinstance(traj.verifier.get("passed"), bool) else None
             c[outcome_of(traj.status.value, traj.reward, traj.error, passed).value] += 1
-            c["infra_errors"] += len(traj.verifier.get("infra_retries") or ()) + (traj.status.value in INFRA_STATUSES and not traj.verifier.get("infra_retries"))
+            # every infrastructure attempt this episode had: the sweep's reruns and the runner's sandbox retries
+            c["infra_errors"] += len(traj.verifier.get("infra_retries") or ()) + len(traj.verifier.get("retries") or ())
         detail = (f"pass {c['passed']} fail {c['failed']} invalid {c['invalid']} infra {c['infrastructure']} "
                   f"| infra errors so far {c['infra_errors']}" + (f", worker reruns {c['reruns']}" if c["reruns"] else ""))
         self.progress.update(self.bars[policy], detail=detail)
