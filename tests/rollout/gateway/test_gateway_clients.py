@@ -215,3 +215,29 @@ def test_history_breaks_are_flagged_with_their_cause(gateway) -> None:
     causes = [b.cause for b in session.breaks]
     assert causes == [BreakCause.ASSISTANT_TURN_EDITED, BreakCause.UNKNOWN_ASSISTANT_TURN, BreakCause.THINKING_DROPPED]
     assert not session.append_only()
+
+
+@pytest.mark.slow
+def test_the_tiny_hf_policy_behind_the_gateway(tok) -> None:
+    """A real (tiny, random) model: the record's ids are what it sampled, with its own logprobs."""
+    from rollout.policy.hf import HFPolicy
+    from rollout.policy.models import tiny_model
+
+    policy = HFPolicy(tiny_model(seed=0, tokenizer=tok)[0], tok)
+    session = Session("hf", policy, tok, sampling=SamplingParams(max_new_tokens=24, seed=1))
+    with ThreadedGateway(session, port=0) as gw:
+        client = anthropic.Anthropic(base_url=gw.base_url, api_key="x", max_retries=0)
+        messages: list[dict] = [{"role": "user", "content": "list the files"}]
+        for _ in range(2):
+            with client.messages.stream(model="m", max_tokens=24, messages=messages) as s:
+                msg = s.get_final_message()
+            messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in msg.content]},
+                         {"role": "user", "content": "go on"}]
+    assert len(session.calls) == 2
+    for c in session.calls:
+        assert c.completion_ids and len(c.logprobs) == len(c.completion_ids) and all(lp <= 0.0 for lp in c.logprobs)
+        assert any(lp < 0.0 for lp in c.logprobs)  # real sampling logprobs, not the 0.0 of a text policy
+    # the second prompt is the first prompt + what was sampled (+ the EOT the gateway closes a cut-off turn with)
+    a, b = session.calls
+    assert b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)] == a.prompt_ids + a.completion_ids
+    assert session.append_only(), session.breaks
