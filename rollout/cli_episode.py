@@ -190,8 +190,9 @@ class CliOraclePolicy:
 
     name = "cli-oracle"
 
-    def __init__(self, *, version: int = 0) -> None:
+    def __init__(self, *, version: int = 0, explore: int = 0) -> None:
         self._version = version
+        self.explore = explore  # shell calls (``ls -la``) before the oracle: longer episodes for the exactness benchmark
 
     @property
     def version(self) -> int:
@@ -220,7 +221,11 @@ class _CliOracleReplay:
         tools = {t.get("function", {}).get("name") for t in prompt.tools}
         if profile.shell_tool[0] not in tools:  # a side call (title, summary) without tools: answer briefly
             return Generation("Task", (), (), FinishReason.STOP, self.version)
-        if self._turn == 0:
+        explore = self._parent.explore
+        if self._turn < explore:
+            name, arg = profile.shell_tool
+            text = f"<tool_call>\n{json.dumps({'name': name, 'arguments': {arg: f'ls -la # look {self._turn}'}})}\n</tool_call>"
+        elif self._turn == explore:
             script = ctx.task.oracle_script(ctx.variant)
             if script is None:
                 raise PolicyError(f"task {ctx.task.id!r} has no oracle script to replay")

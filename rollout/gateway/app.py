@@ -52,6 +52,7 @@ def make_app(session: Session, model_name: str = "agentenv-policy") -> FastAPI:
             conv = READERS[api](body)
         except (ValueError, RecursionError) as exc:  # JSON errors, GatewayError
             param = getattr(exc, "param", "")
+            log.warning("session %s: %s request refused (400): %s", session.id, api.value, exc)
             err = replies.anthropic_error("invalid_request_error", str(exc)) if anthropic else replies.openai_error("invalid_request_error", str(exc), param)
             return JSONResponse(err, status_code=400)
         try:
