@@ -57,6 +57,9 @@ class Outcome(str, enum.Enum):
 #: the infrastructure failed: retried, then counted apart, never as the policy's failure.
 INFRA_STATUSES: frozenset[str] = frozenset({"sandbox_lost", "policy_error", "worker_lost", "error"})
 _RUNNER_BUG = "runner error:"  # EpisodeRunner's record of its own exception, before Status.ERROR existed
+# The grading sandbox died under the verifier (seen under heavy load: "verifier crashed: SandboxLost: ... agent
+# did not start"): the runner records a grader-caused invalid, but nothing was decided about the policy.
+_GRADER_LOST = "verifier crashed: SandboxLost"
 
 
 def outcome_of(status: str, reward: float, error: str = "", passed: bool | None = None) -> Outcome:
@@ -66,7 +69,7 @@ def outcome_of(status: str, reward: float, error: str = "", passed: bool | None 
     Truncated and timed-out episodes are graded, so they pass or fail like any other.
     """
     status = str(getattr(status, "value", status))
-    if status in INFRA_STATUSES or (status == "invalid" and error.startswith(_RUNNER_BUG)):
+    if status in INFRA_STATUSES or (status == "invalid" and (error.startswith(_RUNNER_BUG) or _GRADER_LOST in error)):
         return Outcome.INFRASTRUCTURE
     if status == "invalid":
         return Outcome.INVALID

@@ -62,14 +62,15 @@ def test_sigkill_the_driver_then_resume_runs_only_the_missing_cells(local_ray: A
 
     data = sweep_data(tmp_path, seeds=3, efforts=["high"])  # 2 policies x 2 tasks x 2 harnesses x 3 seeds = 24
     path = write_sweep(tmp_path, data)
+    log = (tmp_path / "driver.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "rollout.eval", str(path)], cwd=ROOT, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "RAY_ADDRESS": ""},
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_ADDRESS": ""},
     )
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 480  # start-up under load: Ray, workers, warm pools
         while n_stored(data["store"], data["sweep_id"]) < 6:
-            assert proc.poll() is None, "the sweep ended before it could be killed"
+            assert proc.poll() is None, "the sweep ended before it could be killed:\n" + (tmp_path / "driver.log").read_text()[-4000:]
             assert time.monotonic() < deadline, "the sweep stored nothing in time"
             time.sleep(0.2)
         os.kill(proc.pid, signal.SIGKILL)

@@ -162,5 +162,7 @@ def test_outcome_of_every_status_by_value() -> None:
     assert outcome_of("ok", 1.0, passed=False) is Outcome.FAILED
     assert outcome_of("invalid", 0.0) is Outcome.INVALID
     assert outcome_of("invalid", 0.0, "runner error: KeyError") is Outcome.INFRASTRUCTURE
+    lost = "db_state: db_state: verifier crashed: SandboxLost: sandbox x is lost: agent did not start"
+    assert outcome_of("invalid", 0.0, lost) is Outcome.INFRASTRUCTURE
     for s in ("sandbox_lost", "policy_error", "worker_lost", "error"):
         assert outcome_of(s, 0.0) is Outcome.INFRASTRUCTURE
