@@ -273,13 +273,12 @@ class TrainLoop:
                              train_model=self.model.lm.config.to_dict(), tokenizer=self.cfg.model.checkpoint)
         from rollout.policy.hf import HFPolicy
         from rollout.runner import InProcessRunner
-        from rollout.worker import make_backend
 
         # The rollout side's own copy: it changes only through publish(version, weights).
         policy = HFPolicy(copy.deepcopy(self.model.lm).to(self.cfg.model.rollout_device), self.tokenizer,
                           name="train-policy", version=0, device=self.cfg.model.rollout_device)
         return InProcessRunner(
-            policy, tokenizer=self.tokenizer, backend=make_backend(rollout.backend, self.run_id), store=self.store,
+            policy, tokenizer=self.tokenizer, backend=rollout.backend, run_id=self.run_id, store=self.store,
             concurrency=rollout.concurrency, pool_size=max(rollout.pool_size, 1),
             grade_in_place=rollout.grading == "in_place", sandbox_retries=rollout.retries.sandbox_acquire,
         )

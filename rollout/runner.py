@@ -98,7 +98,8 @@ class InProcessRunner:
         policy: Any,
         *,
         tokenizer: Any,
-        backend: Any,
+        backend: str,
+        run_id: str,
         store: TrajectoryStore,
         concurrency: int = 4,
         pool_size: int = 2,
@@ -106,13 +107,14 @@ class InProcessRunner:
         sandbox_retries: int = 1,
     ) -> None:
         from rollout.policy.scripted import ScriptedPolicy
+        from rollout.worker import make_backend
 
         self.policy = policy
         self.store = store
-        self.backend = backend
+        self.backend = make_backend(backend, run_id)  # the sandboxes belong to the runner, never to the learner
         self.gate = TurnGate()
         self.episodes = EpisodeRunner(
-            policy, backend=backend, tokenizer=tokenizer, pool_size=pool_size, store=store,
+            policy, backend=self.backend, tokenizer=tokenizer, pool_size=pool_size, store=store,
             sandbox_retries=sandbox_retries, grade_in_place=grade_in_place,
             policies={"train": policy, "oracle": ScriptedPolicy()}, gate=self.gate,
         )

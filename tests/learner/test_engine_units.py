@@ -1,0 +1,189 @@
+"""The engine's contracts without sandboxes: the staleness check where the learner reads, the config's
+one-place-each rule, checkpoints written atomically and loaded strictly, the turn gate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from learner.checkpoint import EngineState, RunCheckpoints, config_hash
+from learner.errors import CheckpointMismatch, CheckpointNotFound, LearnerConfigError
+from learner.loop import check_staleness, fresh_for_learner
+from learner.model import PolicyModel
+from learner.train_config import TrainConfig, load_train_config
+from learner.trainer import Trainer
+from learner.types import LossConfig, TrainerConfig
+from rollout.errors import StalenessError
+from rollout.gate import TurnGate
+from rollout.types import Status, Trajectory, Turn
+
+pytestmark = [pytest.mark.unit]
+
+
+def _traj(eid: str, version: int, *, turns: tuple[int, ...] = (), status: Status = Status.OK) -> Trajectory:
+    return Trajectory(eid, "r", "t", "general", 0, "codex", "high", version, status, 1.0,
+                      turns=tuple(Turn(i, v) for i, v in enumerate(turns or (version,))))
+
+
+def test_the_learner_reads_only_samples_within_k_versions_and_the_check_names_the_offender() -> None:
+    trajs = [_traj("a", 5), _traj("b", 4), _traj("c", 2, turns=(2, 4, 5)), _traj("d", 5, status=Status.INVALID)]
+    fresh, stale = fresh_for_learner(trajs, version=5, max_lag=1)
+    assert [t.episode_id for t in fresh] == ["a", "b"] and stale == 1  # c started at 2: its oldest turn counts
+    assert check_staleness(fresh, 5, 1) == 1
+    with pytest.raises(StalenessError, match=r"episode c .* version 2, 3 behind, over the bound rollout.staleness.max_lag=1"):
+        check_staleness(trajs, 5, 1)
+    assert fresh_for_learner(trajs, 5, 0)[0] == [trajs[0]]  # K = 0: only the current version
+
+
+def _yaml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "train.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ("rollout: {sampling: {temperature: 0.7}}\nrl: {loss: {temperature: 1.0}}",
+         ["rl.loss.temperature", "rollout.sampling.temperature"]),
+        ("rollout: {staleness: {max_lag: 0}}\nrl: {partial_rollouts: true}", ["rl.partial_rollouts", "rollout.staleness.max_lag"]),
+        ("rollout: {run_id: other}", ["rollout.run_id", "run_id"]),
+        ("rollout: {seeds: [1, 2]}", ["rollout.seeds", "train_seeds"]),
+        ("rollout: {policy: {kind: scripted}}", ["rollout.policy"]),
+        ("rollout: {group_size: 1}", ["rollout.group_size"]),
+        ("trainer: {lr: -1}", ["trainer.lr"]),
+        ("rollout: {efforts: {levels: [huge]}}", ["rollout", "huge"]),
+    ],
+)
+def test_a_conflicting_or_bad_setting_names_its_fields(tmp_path: Path, body: str, named: list[str]) -> None:
+    with pytest.raises(LearnerConfigError) as err:
+        load_train_config(_yaml(tmp_path, "run_id: x\n" + body))
+    for field in named:
+        assert field in str(err.value), str(err.value)
+    assert "train.yaml" in str(err.value)
+
+
+def test_the_loss_scores_at_the_sampling_temperature_unless_given_equal(tmp_path: Path) -> None:
+    cfg = load_train_config(_yaml(tmp_path, "run_id: x\nrollout: {sampling: {temperature: 0.7}}"))
+    assert cfg.loss_config().temperature == 0.7 and cfg.rl.loss.temperature == 1.0  # derived, the field untouched
+    same = load_train_config(_yaml(tmp_path, "run_id: x\nrollout: {sampling: {temperature: 0.7}}\nrl: {loss: {temperature: 0.7}}"))
+    assert same.loss_config().temperature == 0.7
+
+
+def test_trainer_and_model_device_options_are_reachable_from_the_yaml(tmp_path: Path) -> None:
+    cfg = load_train_config(_yaml(tmp_path, "\n".join([
+        "run_id: x",
+        "model: {device: cuda, rollout_device: cpu, checkpoint: /models/qwen}",
+        "trainer: {lr: 1.0e-6, bf16: true, pad_to_multiple: 4096, rows_per_micro_batch: 4, logprob_chunk_tokens: 1024,",
+        "          logprob_keep_logits: true, logprobs_at_loss_tokens: true, compile_layers: true, fused_optimizer: true}",
+    ])))
+    t = cfg.trainer
+    assert (cfg.model.device, cfg.model.checkpoint, t.bf16, t.rows_per_micro_batch, t.compile_layers) == (
+        "cuda", "/models/qwen", True, 4, True)
+
+
+def _state(it: int, **kw: object) -> EngineState:
+    fields = dict(run_id="r-1", config_hash="h", iteration=it, version=it, episode_index=3 * it, planned_batches=it,
+                  rng=[3, [1, 2], None], pending=[], trained=[f"e{i}" for i in range(it)], history={}, evals_done=1)
+    return EngineState(**(fields | kw))  # type: ignore[arg-type]
+
+
+def test_checkpoints_rotate_atomically_and_a_half_written_one_is_never_taken(tmp_path: Path) -> None:
+    ck = RunCheckpoints(tmp_path, keep=2)
+    assert ck.latest() is None
+    for it in (1, 2, 3):
+        ck.write(it, _state(it), lambda d: (d.mkdir(parents=True), (d / "w").write_text("x")))
+    assert sorted(p.name for p in tmp_path.glob("iter-*")) == ["iter-000002", "iter-000003"]
+    assert ck.latest() == tmp_path / "iter-000003" and ck.read_state(ck.latest()).iteration == 3
+
+    def crash(d: Path) -> None:  # killed while writing iteration 4
+        d.mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ck.write(4, _state(4), crash)
+    assert (tmp_path / "iter-000004.tmp").is_dir()
+    assert ck.latest() == tmp_path / "iter-000003"  # the previous one is still the newest complete checkpoint
+
+
+def test_checkpoints_load_strictly(tmp_path: Path) -> None:
+    ck = RunCheckpoints(tmp_path, keep=1)
+    path = ck.write(1, _state(1), lambda d: d.mkdir(parents=True))
+    data = json.loads((path / "engine.json").read_text())
+    (path / "engine.json").write_text(json.dumps(data | {"surprise": 1}))
+    with pytest.raises(CheckpointMismatch, match="surprise"):
+        ck.read_state(path)
+    ck.write_run("r-1", "aaaa")
+    assert ck.read_run("aaaa") == "r-1"
+    with pytest.raises(CheckpointMismatch, match="different config"):
+        ck.read_run("bbbb")
+    with pytest.raises(CheckpointNotFound, match="no run to resume"):
+        RunCheckpoints(tmp_path / "none").read_run("aaaa")
+
+
+def test_config_hash_ignores_where_the_run_goes_not_what_it_learns() -> None:
+    a = TrainConfig(run_id="x", store="sqlite:///a.db").model_dump(mode="json")
+    b = TrainConfig(run_id="x", store="sqlite:///b.db", out_dir="elsewhere").model_dump(mode="json")
+    c = TrainConfig(run_id="x", trainer={"lr": 5e-4}).model_dump(mode="json")
+    assert config_hash(a) == config_hash(b) != config_hash(c)
+
+
+def test_trainer_checkpoint_is_hugging_face_format_and_loads_strictly(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from rollout.policy.models import tiny_config
+    from rollout.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    model = PolicyModel.from_config(tiny_config(tok, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1), seed=0)
+    trainer = Trainer(model, LossConfig(), TrainerConfig(lr=1e-3))
+    trainer.save(tmp_path / "ck")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ck" / "model", local_files_only=True)
+    assert torch.equal(hf.get_input_embeddings().weight, model.lm.get_input_embeddings().weight)
+    other = Trainer(PolicyModel.from_config(tiny_config(tok, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1), seed=1),
+                    LossConfig(), TrainerConfig(lr=1e-3))
+    other.load(tmp_path / "ck")
+    assert torch.equal(other.model.lm.get_input_embeddings().weight, model.lm.get_input_embeddings().weight)
+    shard = next((tmp_path / "ck" / "model").glob("*.safetensors"))
+    tensors = load_file(str(shard))
+    dropped = next(k for k in tensors if "layers.0" in k)
+    save_file({k: v for k, v in tensors.items() if k != dropped}, str(shard), metadata={"format": "pt"})
+    with pytest.raises(CheckpointMismatch, match="lacks tensors"):
+        other.load(tmp_path / "ck")
+
+
+def test_turn_gate_holds_turns_while_closed_and_reports_the_wait() -> None:
+    async def main() -> tuple[float, float, int]:
+        gate = TurnGate()
+        assert await gate.wait() == 0.0
+        gate.close()
+        waiter = asyncio.ensure_future(gate.wait())
+        await asyncio.sleep(0.05)
+        assert not waiter.done() and gate.waiting == 1
+        gate.open()
+        return 0.0, await waiter, gate.paused_total
+
+    _, waited, paused = asyncio.run(main())
+    assert waited >= 0.04 and paused == 1
+
+
+def test_the_learner_side_never_imports_a_sandbox_backend() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, learner.loop, learner.job, learner.checkpoint, learner.bench_engine; "
+            "bad = sorted(m for m in sys.modules if m in ('docker',) or m.startswith('sandboxes.docker') "
+            "or m.startswith('sandboxes.local_backend')); print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("name", ["quickstart.yaml", "train_ray.yaml"])
+def test_the_example_training_configs_load(name: str) -> None:
+    cfg = load_train_config(Path(__file__).resolve().parents[2] / "examples" / name)
+    assert cfg.rl.iterations >= 1 and cfg.rollout.group_size >= 2
