@@ -69,7 +69,8 @@ def init_ray(cfg: RayConfig, workers: int) -> bool:
         ray.init(address=address, log_to_driver=True)
         return True
     resources = {cfg.worker_resource: float(workers)} if cfg.worker_resource else None
-    ray.init(num_cpus=cfg.num_cpus, resources=resources, include_dashboard=False, log_to_driver=True)
+    # "local": a new embedded instance, never a head some `ray start` left running on this machine
+    ray.init(address="local", num_cpus=cfg.num_cpus, resources=resources, include_dashboard=False, log_to_driver=True)
     return True
 
 
