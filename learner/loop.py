@@ -59,7 +59,7 @@ from learner.metrics import passed, trajectory_splits
 from learner.model import PolicyModel
 from learner.sft import batches, sft_items, sft_step
 from learner.train_config import TrainConfig
-from learner.trainer import Trainer
+from learner.trainer import Trainer, lr_factor
 from rollout.episode import EpisodeRequest
 from rollout.errors import StalenessError
 from rollout.harnesses.parsing import CALL_CLOSE
@@ -401,11 +401,7 @@ class TrainLoop:
         trainer = Trainer(self.model, loss_cfg, self.cfg.trainer, publisher=None, ref_model=ref)
         sft_opt = getattr(self, "_sft_optimizer", None)
         if self.cfg.rl.continue_sft_optimizer and sft_opt is not None:
-            lr = self.cfg.trainer.lr
-            trainer.optimizer.load_state_dict(sft_opt.state_dict())
-            for group in trainer.optimizer.param_groups:  # keep the moments, take RL's learning rate
-                group["lr"] = group["initial_lr"] = lr
-            trainer.scheduler.base_lrs = [lr for _ in trainer.optimizer.param_groups]
+            carry_moments(trainer, sft_opt)
         return trainer
 
     def _plan_group(self) -> list[EpisodeRequest]:
@@ -600,6 +596,18 @@ class TrainLoop:
             "timings_s": {k: round(v, 1) for k, v in self.history.timings.items()},
             "store": self.store.url,
         }
+
+
+def carry_moments(trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:
+    """Start ``trainer``'s AdamW from ``optimizer``'s moments (the warm start's), at the trainer's own learning
+    rate and the schedule's current point: a warmup still warms up."""
+    lr = trainer.cfg.lr
+    trainer.optimizer.load_state_dict(optimizer.state_dict())
+    factor = lr_factor(trainer.cfg, trainer.scheduler.last_epoch)
+    for group in trainer.optimizer.param_groups:
+        group["initial_lr"] = lr
+        group["lr"] = lr * factor
+    trainer.scheduler.base_lrs = [lr for _ in trainer.optimizer.param_groups]
 
 
 def _rng_json(state: tuple[Any, ...]) -> list[Any]:

@@ -187,3 +187,20 @@ def test_the_learner_side_never_imports_a_sandbox_backend() -> None:
 def test_the_example_training_configs_load(name: str) -> None:
     cfg = load_train_config(Path(__file__).resolve().parents[2] / "examples" / name)
     assert cfg.rl.iterations >= 1 and cfg.rollout.group_size >= 2
+
+
+def test_carried_moments_keep_the_rl_warmup() -> None:
+    from learner.loop import carry_moments
+    from rollout.policy.models import tiny_config
+    from rollout.tokenizer import build_tokenizer
+
+    model = PolicyModel.from_config(tiny_config(build_tokenizer(), hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1), seed=0)
+    sft = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.lm.get_input_embeddings().weight.sum().backward()
+    sft.step()
+    trainer = Trainer(model, LossConfig(), TrainerConfig(lr=5e-4, warmup_steps=4))
+    carry_moments(trainer, sft)
+    assert trainer.optimizer.state_dict()["state"]  # the moments came over
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == [pytest.approx(5e-4 / 4)]  # warmup step 1 of 4
+    trainer.scheduler.step()
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4 * 2 / 4)
