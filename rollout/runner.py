@@ -84,6 +84,15 @@ async def run_all(runner: RolloutRunner, requests: Sequence[EpisodeRequest], on_
     return [t for t in out if t is not None]
 
 
+async def _stored_or_run(store: TrajectoryStore, counts: Counter[str], request: EpisodeRequest, run: Any) -> Trajectory | None:
+    """The stored trajectory of ``request`` when an earlier submission of the run stored it; else ``run`` it."""
+    stored = await asyncio.to_thread(store.get, request.episode_id)
+    if stored is not None:
+        counts["from_store"] += 1
+        return stored
+    return await run(request)  # type: ignore[no-any-return]
+
+
 def _cpu_state(weights: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
 
@@ -126,13 +135,9 @@ class InProcessRunner:
         self._sem = asyncio.Semaphore(self.concurrency)
 
     def submit(self, request: EpisodeRequest) -> asyncio.Future[Trajectory | None]:
-        return asyncio.ensure_future(self._one(request))
+        return asyncio.ensure_future(_stored_or_run(self.store, self.counts, request, self._run))
 
-    async def _one(self, request: EpisodeRequest) -> Trajectory | None:
-        stored = await asyncio.to_thread(self.store.get, request.episode_id)
-        if stored is not None:
-            self.counts["from_store"] += 1
-            return stored
+    async def _run(self, request: EpisodeRequest) -> Trajectory | None:
         self._sem = self._sem or asyncio.Semaphore(self.concurrency)
         async with self._sem:
             self.counts["run"] += 1
@@ -217,13 +222,9 @@ class RayRunner:
         self._loop_task = asyncio.ensure_future(self.scheduler.run())
 
     def submit(self, request: EpisodeRequest) -> asyncio.Future[Trajectory | None]:
-        return asyncio.ensure_future(self._one(request))
+        return asyncio.ensure_future(_stored_or_run(self.store, self.counts, request, self._run))
 
-    async def _one(self, request: EpisodeRequest) -> Trajectory | None:
-        stored = await asyncio.to_thread(self.store.get, request.episode_id)
-        if stored is not None:
-            self.counts["from_store"] += 1
-            return stored
+    async def _run(self, request: EpisodeRequest) -> Trajectory | None:
         if self._loop_task is not None and self._loop_task.done():
             self._loop_task.result()  # the scheduler died: raise its error here, not a hang
         self.counts["run"] += 1
