@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentenv.intents import EFFORT_LEVELS
-from rollout.config import RayConfig, SamplingConfig, TaskSelection
+from rollout.config import RayConfig, SamplingConfig, TaskSelection, _loc  # one field-path format for every config
 from rollout.eval.types import SweepConfigError
 
 __all__ = ["PolicySpec", "StatsConfig", "SweepConfig", "SweepRetries", "load_sweep", "parse_sweep", "weights_hash"]
@@ -207,13 +207,6 @@ class SweepConfig(_Model):
     def locked(self) -> dict[str, Any]:
         """Fields that change the result of a cell already stored: they must not change on resume."""
         return {"backend": self.backend, "grading": self.grading}
-
-
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
 
 
 def parse_sweep(data: Any, *, source: str = "<sweep>") -> SweepConfig:
