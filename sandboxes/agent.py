@@ -253,13 +253,25 @@ def kill_command(proc, command):
     kill_until_gone(victims)
 
 
-def over_pids_half():
+def over_pids_share(share):
+    """Whether the container uses at least 1/``share`` of its pids limit (threads count too)."""
     if not Session.uid or not Session.pids_limit:
         return False
     used = pids_in_use()
     if used is None:
         used = len(user_processes())
-    return used * 2 >= Session.pids_limit
+    return used * share >= Session.pids_limit
+
+
+def over_pids_half():
+    return over_pids_share(2)
+
+
+LEFTOVER_SHARE = 4  # what earlier commands left goes once it holds this share of the pids limit
+
+
+def leftovers_too_many(victims):
+    return len(victims) * LEFTOVER_SHARE >= Session.pids_limit
 
 
 def signal_every_user_process(sig):
@@ -319,8 +331,11 @@ def bomb_note(killed, whose):
 
 
 def clear_runaway_before():
-    """Before a command: a sandbox at half its pids limit loses every sandbox-user process."""
-    if not over_pids_half():
+    """Before a command: everything earlier commands left goes if it holds a quarter of the pids
+    limit in processes, or the sandbox is at half the limit (threads count there)."""
+    if not over_pids_share(LEFTOVER_SHARE):
+        return b""
+    if not over_pids_half() and not leftovers_too_many(user_processes()):
         return b""
     killed = kill_until_gone(list)
     end = time.monotonic() + 1.0
@@ -330,11 +345,14 @@ def clear_runaway_before():
 
 
 def watch_runaway(command, proc):
-    """During and after a command: at half the pids limit, kill what earlier commands left running;
-    if that is not enough, this command is the bomb: kill everything it started."""
-    if not over_pids_half():
+    """During and after a command: kill what earlier commands left running once it holds a quarter
+    of the pids limit (a bomb still growing is caught with room to spare) or the sandbox is at half;
+    if the sandbox is still at half, this command is the bomb: kill everything it started."""
+    if not over_pids_share(LEFTOVER_SHARE):
         return b""
-    note = bomb_note(kill_until_gone(command.not_mine), "left running by earlier commands")
+    note = b""
+    if over_pids_half() or leftovers_too_many(command.not_mine(user_processes())):
+        note = bomb_note(kill_until_gone(command.not_mine), "left running by earlier commands")
     if over_pids_half():
         note += bomb_note(kill_until_gone(command.mine), "this command started")
         try:
@@ -395,6 +413,7 @@ def op_exec(req, payload):
 
 
 WATCH_EVERY_S = 0.05  # how often a running command's pids use is looked at
+WATCH_LEFTOVERS_EVERY_S = 0.01  # ... while earlier commands' processes run beside it (a bomb may grow)
 
 
 def run_io(proc, stdin_data, deadline, limit, command, notes):
@@ -417,7 +436,8 @@ def run_io(proc, stdin_data, deadline, limit, command, notes):
     timed_out = False
     exited_at = None
     open_pipes = 2
-    next_watch = time.monotonic() + WATCH_EVERY_S if Session.pids_limit else float("inf")
+    every = WATCH_LEFTOVERS_EVERY_S if command.old_pids else WATCH_EVERY_S
+    next_watch = time.monotonic() + every if Session.pids_limit else float("inf")
     try:
         while open_pipes:
             now = time.monotonic()
@@ -433,7 +453,7 @@ def run_io(proc, stdin_data, deadline, limit, command, notes):
                 break
             if Session.pids_limit and now >= next_watch:
                 notes.append(watch_runaway(command, proc))
-                next_watch = now + WATCH_EVERY_S
+                next_watch = now + every
             wait = min(deadline, exited_at + POST_EXIT_DRAIN_S if exited_at else deadline, next_watch) - now
             for key, _ in sel.select(max(wait, 0.0)):
                 tag = key.data

@@ -293,3 +293,14 @@ def test_fork_bomb_in_the_background_is_contained() -> None:
     assert "[exit code 0]" in played.observations[1], f"the sandbox stopped answering: {played.observations[1]}"
     count = int(played.observations[1].split()[0])
     assert count < 128, f"the backgrounded fork bomb still holds {count} processes after the next command"
+
+
+def test_background_jobs_under_a_quarter_of_the_pids_limit_survive_the_next_commands() -> None:
+    """The leftover threshold that catches a growing bomb early spares ordinary background work."""
+    start = "for i in $(seq 40); do (sleep 300 &); done; echo started"
+    count = "sleep 0.5; ps -eo args | grep -c '^sleep 300'"
+    played = play(ANSWER, [[sh(start)], [sh(count)], [sh(count)]])
+    assert_not_paid(played)
+    for obs in played.observations[1:3]:
+        assert obs.split()[0] == "40", f"background jobs were killed below the threshold: {obs}"
+        assert "agentenv: killed" not in obs, obs
