@@ -134,7 +134,8 @@ class BackendOracleReplay:
         self._dispose: Callable[[], None] | None = None
         self._sandbox: Sandbox | None = None
         self._answer: str | None = None
-        self._image = task.sandbox_spec().image
+        self._build = getattr(backend, "name", "") != "local"  # the local backend runs no image: build none
+        self._image = task.sandbox_spec(build=self._build).image
         self._fingerprint = task_fingerprint(task)
 
     def compute(self, key: str, fn: Callable[[Sandbox, str | None], Any]) -> Any:
@@ -166,7 +167,7 @@ class BackendOracleReplay:
             if made is not None:
                 sandbox, self._dispose = made
             else:
-                sandbox = self.backend.create(self.task.sandbox_spec())
+                sandbox = self.backend.create(self.task.sandbox_spec(build=self._build))
             try:
                 if made is None:
                     self.task.setup(sandbox, self.variant)

@@ -30,7 +30,10 @@ class Task:
         if folder is not None:
             self.folder = folder
 
-    def sandbox_spec(self) -> SandboxSpec:
+    builds: list[bool]
+
+    def sandbox_spec(self, *, build: bool = True) -> SandboxSpec:
+        self.__dict__.setdefault("builds", []).append(build)
         return SandboxSpec(image="fake")
 
     def setup(self, sandbox: FakeSandbox, variant: object) -> None:
@@ -135,3 +138,16 @@ def test_python_tasks_with_one_id_do_not_share_answers() -> None:
     first, second = Task(answer="1"), Task(answer="2")
     assert answer(first) == "1" and answer(second) == "2"
     assert answer(first) == "1" and first.runs == 1  # each object keeps its own cached answer
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+
+def test_the_local_backend_builds_no_image_for_the_oracle_replay() -> None:
+    """The local backend runs no image: grading there must not reach for Docker (found on a box without it)."""
+    for backend, expected in ((Backend(), True), (LocalBackend(), False)):
+        task = Task()
+        replay = BackendOracleReplay(backend, task, make_variant(seed=0))
+        assert replay.compute("answer", lambda sb, answer: answer) == "42"
+        assert task.builds and set(task.builds) == {expected}, (type(backend).__name__, task.builds)

@@ -108,7 +108,7 @@ class FakeTask:
     def hidden_files(self, variant: object) -> dict[str, bytes]:
         return {"/tests/test_real.py": b"def test_real(): assert False\n"}
 
-    def sandbox_spec(self) -> object:
+    def sandbox_spec(self, *, build: bool = True) -> object:
         from sandboxes.types import SandboxSpec
 
         return SandboxSpec(image="fake")
