@@ -130,9 +130,13 @@ def split_pass_rates(trajectories: Sequence[Trajectory], tag: str) -> dict[str, 
     return {k: sum(v) / len(v) for k, v in sorted(buckets.items())}
 
 
-def episode_seed(run_seed: int, episode_id: str) -> int:
-    """The sampling seed of one episode: a pure function of the run's seed and the episode id."""
-    digest = hashlib.sha256(f"sample:{run_seed}:{episode_id}".encode()).digest()
+def episode_seed(run_seed: int, episode_key: str) -> int:
+    """The sampling seed of one episode: a pure function of the run's seed and the episode's key.
+
+    The key is the episode id without the run id (``phase/task/seed/k``): the run id holds the start
+    time, and the same config with the same seed must sample the same tokens whenever it starts.
+    """
+    digest = hashlib.sha256(f"sample:{run_seed}:{episode_key}".encode()).digest()
     return int.from_bytes(digest[:4], "big")
 
 
@@ -149,12 +153,12 @@ def eval_requests(
     pairs = [(t, s) for t in task_ids for s in cfg.eval.seeds]
     rollout = cfg.rollout
     for i, (task_id, seed) in enumerate(pairs):
-        episode_id = f"{run_id}/{tag}{index}/{task_id}/{seed}"
+        key = f"{tag}{index}/{task_id}/{seed}"
         out.append(EpisodeRequest(
-            episode_id=episode_id, run_id=run_id, task_id=task_id, seed=seed,
+            episode_id=f"{run_id}/{key}", run_id=run_id, task_id=task_id, seed=seed,
             harness=rollout.rotation.pick(i), effort=rollout.efforts.pick(i), group_id=f"eval/{task_id}/{seed}",
             policy="train",
-            sampling=None if sampling is None else dataclasses.replace(sampling, seed=episode_seed(cfg.seed, episode_id)),
+            sampling=None if sampling is None else dataclasses.replace(sampling, seed=episode_seed(cfg.seed, key)),
         ))
     return out
 
@@ -311,12 +315,12 @@ class TrainLoop:
         for task_id, seed in seeds:
             for k in range(per):
                 harness, effort = self._next_meta()
-                episode_id = f"{self.run_id}/{phase}/{task_id}/{seed}/{k}"
+                key = f"{phase}/{task_id}/{seed}/{k}"
                 out.append(EpisodeRequest(
-                    episode_id=episode_id, run_id=self.run_id, task_id=task_id,
+                    episode_id=f"{self.run_id}/{key}", run_id=self.run_id, task_id=task_id,
                     seed=seed, harness=harness, effort=effort, group_id=f"{phase}/{task_id}/{seed}", policy=policy,
                     sampling=None if sampling is None else dataclasses.replace(
-                        sampling, seed=episode_seed(self.cfg.seed, episode_id)),
+                        sampling, seed=episode_seed(self.cfg.seed, key)),
                 ))
         return out
 

@@ -204,3 +204,19 @@ def test_carried_moments_keep_the_rl_warmup() -> None:
     assert [g["lr"] for g in trainer.optimizer.param_groups] == [pytest.approx(5e-4 / 4)]  # warmup step 1 of 4
     trainer.scheduler.step()
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4 * 2 / 4)
+
+
+def test_sampling_seeds_do_not_depend_on_the_run_id_that_holds_the_start_time() -> None:
+    """The same config and seed sample the same tokens whenever the run starts (the run id holds its time)."""
+    from learner.loop import eval_requests
+    from rollout.policy.types import SamplingParams
+
+    cfg = TrainConfig(run_id="x", eval={"seeds": {"start": 10_000, "count": 4}, "temperature": 1.0})
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8)
+    a = eval_requests(cfg, ["general/count_lines"], "x-20261202-040000", 0, sampling=sampling)
+    b = eval_requests(cfg, ["general/count_lines"], "x-20261202-050000", 0, sampling=sampling)
+    assert [r.episode_id for r in a] != [r.episode_id for r in b]
+    assert [r.sampling.seed for r in a] == [r.sampling.seed for r in b]
+    assert len({r.sampling.seed for r in a}) == 4, "episodes of one evaluation must not share a seed"
+    other = eval_requests(cfg.model_copy(update={"seed": 1}), ["general/count_lines"], "x", 0, sampling=sampling)
+    assert [r.sampling.seed for r in other] != [r.sampling.seed for r in a]
