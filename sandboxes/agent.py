@@ -584,6 +584,22 @@ def _raise(exc):
     raise exc
 
 
+def add_as_it_is_now(tar, path, arcname):
+    """``tar.add(path, recursive=False)``, but a regular file is read first and stored at the length
+    read: one that a process shrinks between the stat and the read (a daemon racing the snapshot)
+    would otherwise end the tar with "unexpected end of data"."""
+    ti = tar.gettarinfo(path, arcname=arcname)
+    if ti is None:
+        return  # a socket: nothing a fresh sandbox could hold
+    if not ti.isreg():
+        tar.addfile(ti)
+        return
+    with open(path, "rb") as f:
+        data = f.read(ti.size)
+    ti.size = len(data)
+    tar.addfile(ti, io.BytesIO(data))
+
+
 def op_pack(req, payload):
     """Tar ``paths`` (each non-recursively; parents first) after a manifest member."""
     buf = io.BytesIO()
@@ -595,7 +611,7 @@ def op_pack(req, payload):
         tar.addfile(info, io.BytesIO(manifest))
         for path in sorted(req["paths"]):
             try:
-                tar.add(path, arcname=path.lstrip("/"), recursive=False)
+                add_as_it_is_now(tar, path, path.lstrip("/"))
             except FileNotFoundError:
                 missing.append(path)
             except PermissionError:

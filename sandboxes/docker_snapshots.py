@@ -281,9 +281,11 @@ def _pack_upper(upper: str, paths: list[str], manifest: dict[str, Any], sandbox_
                     )
                 try:
                     with open(host, "rb") as f:
-                        tar.addfile(ti, f)
+                        data = f.read(ti.size)  # as it is now: a file a racing daemon shrinks must not end the tar early
                 except FileNotFoundError:
                     continue
+                ti.size = len(data)
+                tar.addfile(ti, io.BytesIO(data))
             else:
                 tar.addfile(ti)
     return buf.getvalue()

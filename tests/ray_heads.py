@@ -19,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent  # the venv's bin: `ray` and the `python` a job's entrypoint runs
 
@@ -122,3 +123,21 @@ def start_head(*, num_cpus: int = 2, resources: dict[str, float] | None = None) 
         head.stop()
         raise AssertionError(f"ray start failed:\n{out.stdout}\n{out.stderr}")
     return head
+
+
+NO_AGENT_YET = "No available agent to submit job"
+
+
+def submit_job(cmd: list[str], *, wait_for_agent_s: float = 120.0, **kwargs: Any) -> subprocess.CompletedProcess:
+    """``ray job submit`` as ``subprocess.run``, retried while the head's job agent is not up yet.
+
+    On a loaded machine the dashboard answers before its agent has registered, and the submission
+    is refused ("No available agent to submit job, please try again later"): nothing was submitted,
+    so trying again is safe. Any other outcome is returned as it is.
+    """
+    deadline = time.monotonic() + wait_for_agent_s
+    while True:
+        job = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+        if NO_AGENT_YET not in job.stdout + job.stderr or time.monotonic() > deadline:
+            return job
+        time.sleep(3.0)

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ray_heads import BIN, Head, start_head
+from ray_heads import BIN, Head, start_head, submit_job
 
 from rollout.store import TrajectoryStore
 
@@ -80,7 +80,7 @@ def test_ray_job_submit_trains_on_ray_workers_with_published_weights(head: Head,
         "python", "-m", "learner.job", str(cfg_path), "--store", store_url, "--run-id", run_id,
         "--json", str(summary_path),
     ]
-    job = subprocess.run(cmd, cwd=ROOT, env=head.env, capture_output=True, text=True, timeout=800)
+    job = submit_job(cmd, cwd=ROOT, env=head.env, timeout=800)
     logs = f"{job.stdout[-6000:]}\n{job.stderr[-3000:]}"
     assert job.returncode == 0 and "succeeded" in job.stdout.lower(), logs
     summary = json.loads(summary_path.read_text())

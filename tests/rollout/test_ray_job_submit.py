@@ -8,13 +8,12 @@ machine are never touched.
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ray_heads import BIN, start_head
+from ray_heads import BIN, start_head, submit_job
 
 from rollout.config import load_config
 from rollout.scheduler import plan_episodes
@@ -41,7 +40,7 @@ def test_ray_job_submit_runs_the_example_and_stores_every_episode(ray_head: dict
         str(BIN / "ray"), "job", "submit", "--address", ray_head["address"], "--working-dir", ".",
         "--", "python", "-m", "rollout.job", "examples/rollout.yaml", "--store", store_url, "--run-id", run_id,
     ]
-    job = subprocess.run(cmd, cwd=ROOT, env=ray_head["env"], capture_output=True, text=True, timeout=700)
+    job = submit_job(cmd, cwd=ROOT, env=ray_head["env"], timeout=700)
     logs = f"{job.stdout[-6000:]}\n{job.stderr[-3000:]}"
     assert job.returncode == 0, logs
     assert "succeeded" in job.stdout.lower() and "rollout-report:" in job.stdout, logs

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ray_heads import submit_job
 from sweep_files import sweep_data, write_sweep
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -23,7 +23,7 @@ def test_ray_job_submit_runs_a_sweep(ray_head: dict, tmp_path: Path) -> None:  #
     path = write_sweep(tmp_path, data)
     cmd = [str(BIN / "ray"), "job", "submit", "--address", ray_head["address"], "--working-dir", ".",
            "--", "python", "-m", "rollout.eval", str(path), "--json", str(tmp_path / "job.json")]
-    job = subprocess.run(cmd, cwd=ROOT, env=ray_head["env"], capture_output=True, text=True, timeout=700)
+    job = submit_job(cmd, cwd=ROOT, env=ray_head["env"], timeout=700)
     logs = f"{job.stdout[-6000:]}\n{job.stderr[-3000:]}"
     assert job.returncode == 0 and "eval-report:" in job.stdout, logs
     doc = json.loads((tmp_path / "job.json").read_text())
