@@ -27,7 +27,7 @@ from typing import Any
 from agentenv.errors import AgentEnvError
 from agentenv.types import Episode, Task, Variant
 from sandboxes.errors import SandboxError
-from sandboxes.types import Sandbox, SandboxBackend
+from sandboxes.types import Sandbox, SandboxBackend, runs_images
 
 # Directories never searched for leaked files (kernel views, not the agent's files).
 _SKIP_PREFIXES = ("/proc", "/sys", "/dev")
@@ -75,7 +75,7 @@ def failed_load(task_id: str, source: str, error: BaseException) -> TaskReport:
 def check_task(task: Task, backend: SandboxBackend, *, seeds: int = 3, source: str = "") -> TaskReport:
     """Run every check on ``task`` with sandboxes from ``backend`` (each one closed after use)."""
     report = TaskReport(task.id, source or repr(task), [Verdict("spec", True, "loaded")])
-    build = getattr(backend, "name", "") != "local"
+    build = runs_images(backend)
 
     def image() -> tuple[bool, str]:
         spec = task.sandbox_spec(build=True)

@@ -21,7 +21,7 @@ from agentenv.intent_exec import EpisodeState, IntentExecutor
 from agentenv.intents import INTENT_NAMES, Intent
 from agentenv.types import Episode, Task, Variant
 from sandboxes.errors import SandboxError
-from sandboxes.types import Sandbox, SandboxBackend, SnapshotRef
+from sandboxes.types import Sandbox, SandboxBackend, SnapshotRef, runs_images
 
 PROMPT = "agentenv> "
 HELP = """\
@@ -45,7 +45,7 @@ class DebugSession:
         self.backend = backend
         self.console = console or Console(highlight=False)
         self.variant: Variant = task.variant(seed)
-        spec = task.sandbox_spec(build=getattr(backend, "name", "") != "local")
+        spec = task.sandbox_spec(build=runs_images(backend))
         self.sandbox: Sandbox = backend.create(spec)
         self.task.setup(self.sandbox, self.variant)
         self.state = EpisodeState()

@@ -49,7 +49,7 @@ from agentenv.intent_exec import EpisodeState, IntentExecutor
 from agentenv.intents import Harness, Intent, IntentResult, ParsedTurn, ParseError, RenderedPrompt
 from agentenv.types import Episode, Task, Variant, VerifierResult
 from sandboxes.errors import SandboxError
-from sandboxes.types import Sandbox, SandboxBackend
+from sandboxes.types import Sandbox, SandboxBackend, runs_images
 
 HARNESS_GROUP = "agentenv.harnesses"
 MAX_ACTION_CHARS = 4096
@@ -147,7 +147,7 @@ class TaskEnv(gymnasium.Env[str, str]):
         self.action_space = OpenText(MAX_ACTION_CHARS)
         self.observation_space = OpenText(MAX_OBSERVATION_CHARS)
         self._owns_backend = owns_backend
-        self._build = getattr(backend, "name", "") != "local"
+        self._build = runs_images(backend)
         self.sandbox: Sandbox | None = None
         self.variant: Variant | None = None
         self._executor: IntentExecutor | None = None

@@ -52,7 +52,7 @@ from typing import Any
 from agentenv.errors import OracleError
 from agentenv.types import Episode, InvalidCause, Task, Variant, VerifierResult
 from sandboxes.errors import SandboxError, SnapshotTooLarge
-from sandboxes.types import Quiescable, Sandbox, SandboxBackend, SnapshotKind, SnapshotRef
+from sandboxes.types import Quiescable, Sandbox, SandboxBackend, SnapshotKind, SnapshotRef, runs_images
 
 PristineFactory = Callable[[], "tuple[Sandbox, Callable[[], None]] | None"]
 _CACHE_SIZE = 512
@@ -134,7 +134,7 @@ class BackendOracleReplay:
         self._dispose: Callable[[], None] | None = None
         self._sandbox: Sandbox | None = None
         self._answer: str | None = None
-        self._build = getattr(backend, "name", "") != "local"  # the local backend runs no image: build none
+        self._build = runs_images(backend)
         self._image = task.sandbox_spec(build=self._build).image
         self._fingerprint = task_fingerprint(task)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from agentenv.types import Task, Variant
 from sandboxes.pool import SandboxPool
-from sandboxes.types import Sandbox, SandboxBackend, SandboxSpec, SnapshotKind, SnapshotRef
+from sandboxes.types import Sandbox, SandboxBackend, SandboxSpec, SnapshotKind, SnapshotRef, runs_images
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class PristineSandboxes:
     def __init__(self, backend: SandboxBackend, *, pool_size: int = 2) -> None:
         self.backend = backend
         self.pool_size = pool_size
-        self._build = getattr(backend, "name", "") != "local"  # the local backend ignores images
+        self._build = runs_images(backend)
         self._pools: OrderedDict[str, SandboxPool] = OrderedDict()
         # Grading sandboxes come from pools of their own: an agent holding every sandbox of
         # its pool must never wait on itself to be graded.

@@ -270,6 +270,15 @@ class SnapshotApplier(Protocol):
     def apply_snapshot(self, sandbox: Sandbox, ref: SnapshotRef) -> None: ...
 
 
+def runs_images(backend: object) -> bool:
+    """Whether ``backend`` starts sandboxes from images, so a task's image must be built first.
+
+    The local backend runs commands on the host's file system under bubblewrap (or plainly), with
+    no image: building one there would need a Docker daemon it does not have.
+    """
+    return getattr(backend, "name", "") != "local"
+
+
 __all__ = [
     "GATEWAY_MOUNT",
     "DEFAULT_EXEC_TIMEOUT_S",
@@ -285,4 +294,5 @@ __all__ = [
     "SandboxSpec",
     "SnapshotKind",
     "SnapshotRef",
+    "runs_images",
 ]
