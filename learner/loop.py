@@ -157,7 +157,7 @@ def eval_requests(
         out.append(EpisodeRequest(
             episode_id=f"{run_id}/{key}", run_id=run_id, task_id=task_id, seed=seed,
             harness=rollout.rotation.pick(i), effort=rollout.efforts.pick(i), group_id=f"eval/{task_id}/{seed}",
-            policy="train",
+            policy="train", fixed_observations=cfg.trainer.deterministic,
             sampling=None if sampling is None else dataclasses.replace(sampling, seed=episode_seed(cfg.seed, key)),
         ))
     return out
@@ -319,6 +319,7 @@ class TrainLoop:
                 out.append(EpisodeRequest(
                     episode_id=f"{self.run_id}/{key}", run_id=self.run_id, task_id=task_id,
                     seed=seed, harness=harness, effort=effort, group_id=f"{phase}/{task_id}/{seed}", policy=policy,
+                    fixed_observations=self.cfg.trainer.deterministic,
                     sampling=None if sampling is None else dataclasses.replace(
                         sampling, seed=episode_seed(self.cfg.seed, key)),
                 ))

@@ -87,6 +87,10 @@ class EpisodeRequest:
     attempt: int = 0
     policy: str = ""
     sampling: SamplingParams | None = None
+    # Observations carry no measured quantity (a command's wall time renders as 0.0): what a run with
+    # ``trainer.deterministic`` asks for, since a measured duration in a prompt makes the same seed
+    # tokenize differently on every run.
+    fixed_observations: bool = False
 
 
 @dataclass(frozen=True)
@@ -294,7 +298,7 @@ class EpisodeRunner:
             messages.append(assistant)
             n_tokens = self._add_completion(tally, gen, assistant)
             tally.completion_tokens += n_tokens
-            observations, turn_errors, n_calls, sandbox_s = await self._act(harness, parsed, executor, deadline)
+            observations, turn_errors, n_calls, sandbox_s = await self._act(harness, parsed, executor, deadline, fixed=req.fixed_observations)
             tally.tool_errors += turn_errors
             tally.sandbox_s += sandbox_s
             tally.turns.append(Turn(index, gen.policy_version, policy_s, sandbox_s, len(ask.token_ids), n_tokens, n_calls, turn_errors))
@@ -309,7 +313,7 @@ class EpisodeRunner:
         return await self._grade(req, task, variant, sandbox, state, status, tally, started)
 
     async def _act(
-        self, harness: Harness, parsed: ParsedTurn, executor: IntentExecutor, deadline: float
+        self, harness: Harness, parsed: ParsedTurn, executor: IntentExecutor, deadline: float, *, fixed: bool = False
     ) -> tuple[list[Mapping[str, Any]], int, int, float]:
         """Execute a turn's intents in order; returns (observations, tool errors, calls, sandbox seconds)."""
         observations: list[Mapping[str, Any]] = []
@@ -328,6 +332,8 @@ class EpisodeRunner:
             spent += time.monotonic() - t0
             if not result.ok and result.error and result.exit_code is None:
                 errors += 1  # the call itself failed (bad path, bad edit); a failing command is not an error
+            if fixed and "duration_s" in result.data:
+                result = replace(result, data={**result.data, "duration_s": 0.0})
             observations.append(harness.format_result(result))
             if executor.state.submitted:
                 break  # nothing after a submit runs

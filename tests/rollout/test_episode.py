@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agentenv.intents import IntentResult
+from agentenv.intents import Intent, IntentResult
 from rollout.episode import EpisodeContext, EpisodeRequest, EpisodeRunner
 from rollout.harnesses import get_harness, list_harnesses
 from rollout.harnesses.base import BaseHarness
@@ -152,6 +152,43 @@ def test_oracle_through_every_harness_earns_full_reward(backend: Any) -> None:
         assert traj.policy_version == 5 and traj.effort == "high" and traj.domain in ("general", "coding")
         assert traj.timings.total_s >= traj.timings.sandbox_s + traj.timings.verifier_s > 0
         assert traj.verifier["graded_in"] == "place", "the runner grades in the quiesced agent sandbox"
+
+
+class SleepsFirst:
+    """Runs ``sleep 0.3`` as its first call, then plays the oracle; keeps the observation it was shown."""
+
+    name, version = "sleeps-first", 0
+
+    def __init__(self) -> None:
+        self.seen: dict[str, str] = {}
+
+    def for_episode(self, ctx: EpisodeContext) -> Policy:
+        inner, outer = ScriptedPolicy().for_episode(ctx), self
+
+        class Episode:
+            name, version, turn = "sleeps-first", 0, 0
+
+            async def generate(self, prompt: Prompt, sampling: SamplingParams, budget: Any = None) -> Generation:
+                self.turn += 1
+                if self.turn == 1:
+                    return _text_gen(ctx.harness.render_turn([Intent("exec_shell", {"command": "sleep 0.3", "timeout_s": 10})]))
+                outer.seen.setdefault(ctx.request.episode_id, str(prompt.messages[-1]))
+                return await inner.generate(prompt, sampling, budget)
+
+        return Episode()
+
+
+@pytest.mark.docker
+def test_fixed_observations_render_no_measured_wall_time(backend: Any) -> None:
+    """codex shows a command's measured wall time; a deterministic run must not (the same seed would
+    tokenize differently on every run): with ``fixed_observations`` it reads 0.0."""
+    policy = SleepsFirst()
+    measured, fixed = _req("general/answer_number", "codex", "timed"), _req("general/answer_number", "codex", "fixed", fixed_observations=True)
+    for traj in _run(policy, backend, [measured, fixed]):
+        assert (traj.status, traj.reward) == (Status.OK, 1.0), traj.verifier
+    assert "Wall time: 0.0 seconds" in policy.seen[fixed.episode_id]
+    shown = float(policy.seen[measured.episode_id].split("Wall time: ")[1].split(" ")[0])
+    assert shown >= 0.3, policy.seen[measured.episode_id]
 
 
 @pytest.mark.docker
