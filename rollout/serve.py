@@ -13,7 +13,12 @@ rendered with the tokenizer's chat template; the reply carries parsed
 them: ``prompt_token_ids`` (response, and each completions choice) and
 ``token_ids`` (each choice); request flags ``return_tokens_as_token_ids``
 (logprob ``token`` strings become ``"token_id:N"``) and ``return_token_ids``
-(accepted; ids are always returned). Ours: request ``thinking_budget`` (int)
+(accepted; ids are always returned); ``prompt_logprobs`` (int k >= 0, on
+``/v1/completions``): each choice carries ``prompt_logprobs``, a list with one
+entry per prompt token, ``None`` first, then ``{str(token_id): {logprob, rank,
+decoded_token}}`` holding the k most likely tokens and always the actual one,
+at temperature 1 whatever the request's temperature (how teachers score a
+student's tokens; ``teachers.scoring.EndpointScorer``). Ours: request ``thinking_budget`` (int)
 and response ``agentenv`` = ``{policy_version, sampled_mask, budget_closed,
 thinking_tokens}``.
 
@@ -49,7 +54,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -107,9 +112,13 @@ class ChatRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
+MAX_PROMPT_LOGPROBS = 20  # vLLM's default max_logprobs
+
+
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     echo: bool = False
 
 
@@ -194,7 +203,9 @@ def create_app(
         if req.n != 1 or req.stream:
             raise _HTTPError(400, "only n=1 without streaming is supported")
 
-    async def _run(ids: list[int], req: _Sampling, max_tokens: int | None = None) -> Generation:
+    async def _run(ids: list[int], req: _Sampling, max_tokens: int | None = None,
+                   first: Callable[[], None] | None = None) -> Generation:
+        """Generate; ``first`` (prompt scoring) runs before, under the same weights version."""
         sampling = req.sampling(default_max_tokens)
         if max_tokens is not None:
             sampling = SamplingParams(sampling.temperature, sampling.top_p, max_tokens, sampling.stop, sampling.seed)
@@ -202,6 +213,8 @@ def create_app(
             async with gate.request():
                 if loaded["broken"]:
                     raise _HTTPError(503, f"no usable weights: {loaded['broken']}; load a checkpoint again", "server_error")
+                if first is not None:
+                    await asyncio.to_thread(first)
                 return await policy.generate(Prompt(token_ids=ids), sampling, req.budget())
         except ValueError as exc:
             raise _HTTPError(400, str(exc)) from exc
@@ -210,6 +223,25 @@ def create_app(
 
     def _token_str(t: int, as_ids: bool) -> str:
         return f"token_id:{t}" if as_ids else str(tok.decode([t]))
+
+    def _prompt_table(ids: list[int], k: int, as_ids: bool) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs``: ``None``, then per position the top ``k`` and the actual token (T = 1)."""
+        import torch
+
+        with torch.inference_mode():
+            input_ids = torch.tensor([ids], dtype=torch.long, device=policy.device)
+            logp_TV = torch.log_softmax(policy.model(input_ids=input_ids, use_cache=False).logits[0, :-1].float(), dim=-1)
+            actual_T = torch.tensor(ids[1:], device=policy.device)
+            logp_T = logp_TV.gather(1, actual_T.unsqueeze(1)).squeeze(1)
+            rank_T = (logp_TV > logp_T.unsqueeze(1)).sum(dim=1) + 1
+            top_v, top_i = logp_TV.topk(k, dim=-1) if k else (logp_TV[:, :0], logp_TV[:, :0].long())
+        table: list[dict[str, Any] | None] = [None]
+        for t, (token, lp, rank) in enumerate(zip(ids[1:], logp_T.tolist(), rank_T.tolist())):
+            entry = {str(int(i)): {"logprob": v, "rank": r + 1, "decoded_token": _token_str(int(i), as_ids)}
+                     for r, (v, i) in enumerate(zip(top_v[t].tolist(), top_i[t].tolist()))}
+            entry[str(token)] = {"logprob": lp, "rank": int(rank), "decoded_token": _token_str(token, as_ids)}
+            table.append(entry)
+        return table
 
     @app.get("/get_model_info")
     async def model_info(response: Response) -> dict[str, Any]:
@@ -317,7 +349,20 @@ def create_app(
             raise _HTTPError(400, "prompt must be one string or one non-empty list of token ids")
         if max(ids, default=0) >= len(tok) or min(ids, default=0) < 0:
             raise _HTTPError(400, f"prompt token ids must be in [0, {len(tok)})")
-        g = await _run(ids, req, 16 if req.max_tokens is None else None)
+        k = req.prompt_logprobs
+        if k is not None and not 0 <= k <= MAX_PROMPT_LOGPROBS:
+            raise _HTTPError(400, f"prompt_logprobs: expected an int in [0, {MAX_PROMPT_LOGPROBS}] or null, got {k}",
+                             param="prompt_logprobs")
+        scored: dict[str, Any] = {"table": None}
+
+        def score_prompt() -> None:
+            try:
+                scored["table"] = _prompt_table(ids, int(k or 0), req.return_tokens_as_token_ids)
+            except (RuntimeError, IndexError) as exc:  # a prompt past the model's positions, device OOM, ...
+                raise PolicyError(f"prompt_logprobs: scoring the prompt failed ({type(exc).__name__}: {exc})") from exc
+
+        g = await _run(ids, req, 16 if req.max_tokens is None else None, score_prompt if k is not None else None)
+        prompt_table = scored["table"]
         response.headers[VERSION_HEADER] = str(g.policy_version)
         logprobs = None
         if req.logprobs is not None:
@@ -329,7 +374,7 @@ def create_app(
             "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": model_name,
             "choices": [{"index": 0, "text": g.text, "logprobs": logprobs, "finish_reason": _finish(g, False),
-                         "token_ids": list(g.token_ids), "prompt_token_ids": ids}],
+                         "token_ids": list(g.token_ids), "prompt_token_ids": ids, "prompt_logprobs": prompt_table}],
             "usage": {"prompt_tokens": len(ids), "completion_tokens": len(g.token_ids), "total_tokens": len(ids) + len(g.token_ids)},
             "prompt_token_ids": ids,
             "agentenv": _ext(g),
@@ -388,6 +433,6 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, *, device: str 
 
 
 __all__ = [
-    "VERSION_HEADER", "ChatRequest", "CompletionRequest", "UpdateWeightsRequest",
+    "MAX_PROMPT_LOGPROBS", "VERSION_HEADER", "ChatRequest", "CompletionRequest", "UpdateWeightsRequest",
     "create_app", "serve", "serve_in_thread", "split_tool_calls",
 ]
