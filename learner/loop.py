@@ -36,6 +36,11 @@ iterations the run is checkpointed (``learner.checkpoint``); ``--resume``
 continues from the newest checkpoint to the same final iteration: pending
 groups are submitted again and episodes already stored are read back, not
 rerun, so no episode is stored or trained twice.
+
+Advantages: outcome RL by default (``rl.advantage`` over each group's
+rewards); an ``AdvantageProvider`` given to ``TrainLoop`` replaces that step
+alone (``distill`` gives each token its MOPD teacher advantage), and everything
+else -- rollouts, staleness, the one loss, publishing, checkpoints -- is the same.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from learner.model import PolicyModel
 from learner.sft import batches, sft_items, sft_step
 from learner.train_config import TrainConfig
 from learner.trainer import Trainer, lr_factor
+from learner.types import TrainItem
 from rollout.episode import EpisodeRequest
 from rollout.errors import StalenessError
 from rollout.harnesses.parsing import CALL_CLOSE
@@ -69,7 +75,10 @@ from rollout.runner import RolloutRunner, run_all
 from rollout.store import TrajectoryStore
 from rollout.types import Status, Trajectory
 
-__all__ = ["EvalResult", "Reporter", "RunHistory", "TrainLoop", "eval_requests", "fresh_for_learner", "split_pass_rates"]
+__all__ = [
+    "AdvantageProvider", "EvalResult", "Reporter", "RunHistory", "TrainLoop", "eval_requests", "fresh_for_learner",
+    "split_pass_rates",
+]
 
 
 class Reporter(Protocol):
@@ -78,6 +87,19 @@ class Reporter(Protocol):
     def phase(self, name: str, total: int) -> None: ...
     def advance(self, detail: str = "") -> None: ...
     def log(self, line: str) -> None: ...
+
+
+class AdvantageProvider(Protocol):
+    """Turns one batch's groups of trajectories into ``TrainItem``s, plus metrics for the iteration's row.
+
+    The default is outcome RL (``learner.advantages.items_from_groups`` with
+    ``rl.advantage``). MOPD (``distill``) gives each token its teacher advantage
+    instead; ``model`` is the learner's current policy (for the student's own
+    logprobs), read only. Groups arrive in plan order, each as stored; a group
+    may have lost members (infrastructure failures), so it may hold one.
+    """
+
+    def __call__(self, groups: Sequence[Sequence[Trajectory]], model: PolicyModel) -> tuple[list[TrainItem], dict[str, float]]: ...
 
 
 class NullReporter:
@@ -222,9 +244,10 @@ class TrainLoop:
 
     def __init__(
         self, cfg: TrainConfig, task_ids: Sequence[str] | Mapping[str, str], *, reporter: Reporter | None = None,
-        resume: bool = False,
+        resume: bool = False, advantages: AdvantageProvider | None = None,
     ) -> None:
         self.cfg = cfg
+        self.advantages = advantages
         self.domains = dict(task_ids) if isinstance(task_ids, Mapping) else {t: "" for t in task_ids}
         self.task_ids = list(self.domains)
         self.reporter: Reporter = reporter or NullReporter()
@@ -512,7 +535,11 @@ class TrainLoop:
         groups: dict[str, list[Trajectory]] = defaultdict(list)
         for t in fresh:
             groups[t.verifier.get("group_id", "")].append(t)
-        items = items_from_groups([tuple(g) for g in groups.values() if len(g) >= 2], cfg.advantage)
+        extra: dict[str, float] = {}
+        if self.advantages is None:
+            items = items_from_groups([tuple(g) for g in groups.values() if len(g) >= 2], cfg.advantage)
+        else:
+            items, extra = await asyncio.to_thread(self.advantages, [tuple(g) for g in groups.values()], self.model)
         # A sample longer than one micro-batch (a model looping to the turn limit) is not trained on, and counted.
         limit = self.cfg.trainer.micro_batch_tokens
         overlong = sum(len(i) > limit for i in items)
@@ -521,8 +548,8 @@ class TrainLoop:
         row: dict[str, float] = {"iteration": it, **trajectory_splits(trajs),
                                 "dropped_stale": stale, "dropped_invalid": graded_invalid, "infra_failed": infra,
                                 "agent_invalid": agent_invalid, "dropped_overlong": overlong, "max_lag": worst,
-                                "mixed_version_episodes": mixed, "in_flight_groups": in_flight}
-        if items and any(i.advantage != 0 for i in items):
+                                "mixed_version_episodes": mixed, "in_flight_groups": in_flight, **extra}
+        if items and any(_nonzero(i.advantage) for i in items):
             self.rng.shuffle(items)
             chunk = -(-len(items) // cfg.updates_per_iter)
             for u in range(cfg.updates_per_iter):
@@ -622,6 +649,11 @@ def _rng_json(state: tuple[Any, ...]) -> list[Any]:
 
 def _rng_from_json(data: Sequence[Any]) -> tuple[Any, ...]:
     return (data[0], tuple(data[1]), data[2])
+
+
+def _nonzero(advantage: float | tuple[float, ...]) -> bool:
+    """Whether an item's advantage (one per sequence, or one per token) moves anything."""
+    return any(a != 0 for a in advantage) if isinstance(advantage, tuple) else advantage != 0
 
 
 def _fmt(d: dict[str, float]) -> str:
