@@ -163,12 +163,14 @@ def items_from_groups(
     *,
     budget_of: Callable[[Trajectory], int | None] | None = None,
     tokens_of: Callable[[Trajectory], int] = _response_tokens,
+    tau_of: Callable[[Trajectory], float] | None = None,
 ) -> list[TrainItem]:
     """Shape rewards, compute advantages and expand trajectories into ``TrainItem``s.
 
-    ``budget_of(traj)`` gives b0 for the effort rule (``teachers`` knows the
-    budgets; ``None`` = no budget); ``tokens_of`` counts T(y) (default: every
-    sampled token). Every sample of a split (non-append-only) trajectory gets
+    ``budget_of(traj)`` gives b0 for the effort rule (``learner.effort`` reads
+    the budgets file; ``None`` = no budget); ``tau_of(traj)`` its factor (each
+    effort level its own; default ``cfg.effort_tau``); ``tokens_of`` counts T(y)
+    (default: every sampled token). Every sample of a split (non-append-only) trajectory gets
     the trajectory's advantage. Groups dropped by dynamic sampling give no items.
     """
     shaped: list[list[float]] = []
@@ -177,8 +179,9 @@ def items_from_groups(
         rewards = []
         for t in group:
             r = float(t.reward)
-            if cfg.effort_tau is not None and budget_of is not None:
-                r = effort_override(r, tokens_of(t), budget_of(t), cfg.effort_tau)
+            tau = tau_of(t) if tau_of is not None else cfg.effort_tau
+            if budget_of is not None and tau is not None:
+                r = effort_override(r, tokens_of(t), budget_of(t), tau)
             if cfg.overlong_max_len is not None:
                 r += overlong_penalty(tokens_of(t), cfg.overlong_max_len, cfg.overlong_cache_len)
             rewards.append(r)

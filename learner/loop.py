@@ -60,6 +60,7 @@ import torch
 
 from learner.advantages import items_from_groups
 from learner.checkpoint import EngineState, RunCheckpoints, config_hash
+from learner.effort import request_fields, shaping_from
 from learner.metrics import passed, trajectory_splits
 from learner.model import PolicyModel
 from learner.sft import batches, sft_items, sft_step
@@ -176,10 +177,11 @@ def eval_requests(
     rollout = cfg.rollout
     for i, (task_id, seed) in enumerate(pairs):
         key = f"{tag}{index}/{task_id}/{seed}"
+        effort = rollout.efforts.pick(i)
         out.append(EpisodeRequest(
             episode_id=f"{run_id}/{key}", run_id=run_id, task_id=task_id, seed=seed,
-            harness=rollout.rotation.pick(i), effort=rollout.efforts.pick(i), group_id=f"eval/{task_id}/{seed}",
-            policy="train", fixed_observations=cfg.trainer.deterministic,
+            harness=rollout.rotation.pick(i), effort=effort, group_id=f"eval/{task_id}/{seed}",
+            policy="train", fixed_observations=cfg.trainer.deterministic, **request_fields(cfg.effort, effort),
             sampling=None if sampling is None else dataclasses.replace(sampling, seed=episode_seed(cfg.seed, key)),
         ))
     return out
@@ -250,6 +252,7 @@ class TrainLoop:
         self.advantages = advantages
         self.domains = dict(task_ids) if isinstance(task_ids, Mapping) else {t: "" for t in task_ids}
         self.task_ids = list(self.domains)
+        self.effort = shaping_from(cfg.effort, self.task_ids)  # the effort reward (None: off); budgets checked now
         self.reporter: Reporter = reporter or NullReporter()
         self.history = RunHistory()
         self.rng = random.Random(cfg.seed)
@@ -342,7 +345,7 @@ class TrainLoop:
                 out.append(EpisodeRequest(
                     episode_id=f"{self.run_id}/{key}", run_id=self.run_id, task_id=task_id,
                     seed=seed, harness=harness, effort=effort, group_id=f"{phase}/{task_id}/{seed}", policy=policy,
-                    fixed_observations=self.cfg.trainer.deterministic,
+                    fixed_observations=self.cfg.trainer.deterministic, **request_fields(self.cfg.effort, effort, policy),
                     sampling=None if sampling is None else dataclasses.replace(
                         sampling, seed=episode_seed(self.cfg.seed, key)),
                 ))
@@ -365,7 +368,8 @@ class TrainLoop:
         seeds = self._draw_seeds(cfg.episodes)
         if cfg.variant_seeds is not None:  # the warm start sees only the task's simpler family of variants
             seeds = [(task_id, seed % cfg.variant_seeds) for task_id, seed in seeds]
-        requests = self._train_requests("sft", seeds, 1, policy="oracle")
+        # oracle_effort: each demonstration in its episode's effort style (low: the call; high: plan, call; max: + a check)
+        requests = self._train_requests("sft", seeds, 1, policy="oracle_effort" if self.cfg.effort.oracle_styles else "oracle")
         self.reporter.phase("warm start: oracle episodes", len(requests))
         trajs = await self._run_all(requests, "oracle")
         items = sft_items(trajs)
@@ -537,7 +541,8 @@ class TrainLoop:
             groups[t.verifier.get("group_id", "")].append(t)
         extra: dict[str, float] = {}
         if self.advantages is None:
-            items = items_from_groups([tuple(g) for g in groups.values() if len(g) >= 2], cfg.advantage)
+            items = items_from_groups([tuple(g) for g in groups.values() if len(g) >= 2], cfg.advantage,
+                                          **(self.effort.kwargs() if self.effort is not None else {}))
         else:
             items, extra = await asyncio.to_thread(self.advantages, [tuple(g) for g in groups.values()], self.model)
         # A sample longer than one micro-batch (a model looping to the turn limit) is not trained on, and counted.
@@ -549,6 +554,8 @@ class TrainLoop:
                                 "dropped_stale": stale, "dropped_invalid": graded_invalid, "infra_failed": infra,
                                 "agent_invalid": agent_invalid, "dropped_overlong": overlong, "max_lag": worst,
                                 "mixed_version_episodes": mixed, "in_flight_groups": in_flight, **extra}
+        if self.effort is not None:  # the share the effort rule set to -1
+            row["over_budget"] = self.effort.over_budget(fresh)
         if items and any(_nonzero(i.advantage) for i in items):
             self.rng.shuffle(items)
             chunk = -(-len(items) // cfg.updates_per_iter)

@@ -44,7 +44,7 @@ from learner.types import AdvantageConfig, LossConfig, TrainerConfig
 from rollout.config import ConfigError, RolloutConfig
 
 __all__ = [
-    "CheckpointConfig", "EvalConfig", "ModelConfig", "RLConfig", "SFTConfig", "TrainConfig", "load_train_config",
+    "CheckpointConfig", "EffortConfig", "EvalConfig", "ModelConfig", "RLConfig", "SFTConfig", "TrainConfig", "load_train_config",
 ]
 
 
@@ -125,6 +125,33 @@ class EvalConfig(_Model):
         return v
 
 
+class EffortConfig(_Model):
+    """Effort levels in training (Kimi K3 effort RL; ``learner.effort``, ``docs/teachers.md``).
+
+    ``budgets`` (a file from ``agentenv teachers budgets``: b0 per task) with
+    ``tau`` turns on the effort reward in RL: ``-1 if T(y) > tau * b0(x) else
+    R_task``. ``tau`` is one number or one per effort level.
+    ``max_thinking_tokens`` (one number or per level) closes the model's
+    thinking after that many tokens per turn in every sampled episode (RL and
+    evaluation). ``message: false`` renders prompts without the effort message
+    (an expert trained for one cell, which scores without it too).
+    ``oracle_styles`` makes the warm start's demonstrations follow each
+    episode's effort level: low = the call, high = a short plan then the call,
+    max = plan, call, then a verifying call.
+    """
+
+    budgets: str | None = Field(default=None, description="budgets file (JSON, b0 per task id)")
+    tau: float | dict[str, float] | None = None
+    max_thinking_tokens: int | dict[str, int] | None = None
+    message: bool = True
+    oracle_styles: bool = False
+
+    def thinking_budget(self, effort: str | None) -> int | None:
+        """The thinking cap of an episode at ``effort`` (None: uncapped)."""
+        caps = self.max_thinking_tokens
+        return caps.get(effort or "") if isinstance(caps, dict) else caps
+
+
 class CheckpointConfig(_Model):
     """Resume points: after every ``every`` RL iterations, ``out_dir/run_id/checkpoints/iter-NNNNNN``
     (model in Hugging Face format, optimizer, scheduler, RNG, data position, pending groups);
@@ -151,6 +178,7 @@ class TrainConfig(_Model):
     rl: RLConfig = RLConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    effort: EffortConfig = EffortConfig()
     stop_at_call_end: bool = Field(
         default=True, description="end a sampled turn at the first </tool_call> (one call per turn), as agent RL loops do"
     )
@@ -205,7 +233,38 @@ class TrainConfig(_Model):
                 "rl.partial_rollouts: an episode continued under the next weights is one version behind, so it needs "
                 f"rollout.staleness.max_lag >= 1, got {self.rollout.staleness.max_lag}"
             )
+        self._check_effort()
         return self
+
+    def _check_effort(self) -> None:
+        effort, levels = self.effort, self.rollout.efforts.levels
+        if (effort.budgets is None) != (effort.tau is None):
+            given, missing = ("budgets", "tau") if effort.tau is None else ("tau", "budgets")
+            raise LearnerConfigError(f"effort.{missing}: the effort reward needs both budgets and tau; only {given} is given")
+        taus = effort.tau.values() if isinstance(effort.tau, dict) else [] if effort.tau is None else [effort.tau]
+        if any(t <= 0 for t in taus):
+            raise LearnerConfigError(f"effort.tau: expected factors > 0, got {effort.tau}")
+        caps = effort.max_thinking_tokens
+        if any(c < 1 for c in (caps.values() if isinstance(caps, dict) else [] if caps is None else [caps])):
+            raise LearnerConfigError(f"effort.max_thinking_tokens: expected at least 1 token, got {caps}")
+        for name in ("tau", "max_thinking_tokens"):
+            per = getattr(self.effort, name)
+            unknown = [lv for lv in per if lv not in levels] if isinstance(per, dict) else []
+            if unknown:
+                raise LearnerConfigError(f"effort.{name}: level {unknown[0]!r} is not one of rollout.efforts.levels "
+                                         f"{list(levels)}")
+        if isinstance(self.effort.tau, dict):
+            missing = [lv for lv in levels if lv not in self.effort.tau] or ([] if levels else ["(no level)"])
+            if missing:
+                raise LearnerConfigError(f"effort.tau: no factor for effort level {missing[0]!r} of rollout.efforts.levels "
+                                         f"{list(levels)}; give one per level, or one number")
+        if self.effort.tau is not None and self.rl.advantage.effort_tau is not None:
+            raise LearnerConfigError(
+                f"rl.advantage.effort_tau: {self.rl.advantage.effort_tau} conflicts with effort.tau: {self.effort.tau}; "
+                "give the effort reward's factor once, as effort.tau"
+            )
+        if not self.effort.message and not levels:
+            raise LearnerConfigError("effort.message: false hides an effort message, but rollout.efforts.levels is empty")
 
     @property
     def max_lag(self) -> int:

@@ -50,7 +50,7 @@ from agentenv.types import Episode, Task, Variant, VerifierResult
 from rollout.gate import TurnGate
 from rollout.harnesses import get_harness
 from rollout.harnesses.rendering import EpisodeRenderer
-from rollout.policy.types import Generation, Policy, PolicyError, Prompt, SamplingParams
+from rollout.policy.types import Generation, Policy, PolicyError, Prompt, SamplingParams, ThinkingBudget
 from rollout.pristine import Lease, PristineSandboxes
 from rollout.store import TrajectoryStore
 from rollout.types import Sample, Status, Timings, Trajectory, Turn
@@ -91,6 +91,12 @@ class EpisodeRequest:
     # ``trainer.deterministic`` asks for, since a measured duration in a prompt makes the same seed
     # tokenize differently on every run.
     fixed_observations: bool = False
+    # The effort level's generation-time cap: thinking is closed after this many tokens in a turn
+    # (``ThinkingBudget``; the inserted close tag gets loss mask 0). None: uncapped.
+    thinking_budget: int | None = None
+    # False: the prompt carries no effort message although ``effort`` is set (an expert of one effort
+    # cell is trained, and scores, without it; the effort still selects its budget, style and metrics).
+    show_effort: bool = True
 
 
 @dataclass(frozen=True)
@@ -256,7 +262,8 @@ class EpisodeRunner:
         bind = getattr(base, "for_episode", None)
         policy: Policy = bind(EpisodeContext(req, task, variant, harness, sandbox)) if callable(bind) else base
         sampling_base = req.sampling or self.sampling
-        prompt = harness.render(variant.instruction, req.effort)
+        prompt = harness.render(variant.instruction, req.effort if req.show_effort else None)
+        budget = ThinkingBudget(req.thinking_budget) if req.thinking_budget is not None else None
         messages: list[Mapping[str, Any]] = [dict(m) for m in prompt.messages]
         tools = tuple(dict(t) for t in prompt.tools)
         if self.tokenizer is not None:
@@ -280,7 +287,7 @@ class EpisodeRunner:
             ask = Prompt(tuple(tally.renderer.prompt_ids()) if tally.renderer else (), tuple(messages), tools)
             t0 = time.monotonic()
             try:
-                gen = await asyncio.wait_for(policy.generate(ask, sampling, None), timeout=remaining)
+                gen = await asyncio.wait_for(policy.generate(ask, sampling, budget), timeout=remaining)
             except TimeoutError as exc:
                 tally.policy_s += time.monotonic() - t0
                 if time.monotonic() < deadline:  # the policy's own timeout (an HTTP call), not the episode's

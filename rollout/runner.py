@@ -125,7 +125,7 @@ class InProcessRunner:
         self.episodes = EpisodeRunner(
             policy, backend=self.backend, tokenizer=tokenizer, pool_size=pool_size, store=store,
             sandbox_retries=sandbox_retries, grade_in_place=grade_in_place,
-            policies={"train": policy, "oracle": ScriptedPolicy()}, gate=self.gate,
+            policies={"train": policy, "oracle": ScriptedPolicy(), "oracle_effort": ScriptedPolicy(styled=True)}, gate=self.gate,
         )
         self.concurrency = concurrency
         self._sem: asyncio.Semaphore | None = None

@@ -100,7 +100,7 @@ def apply_version(policy: Any, version: int, weights: Any = None) -> Any:
     from rollout.policy.scripted import ScriptedPolicy
 
     if isinstance(policy, ScriptedPolicy):
-        return ScriptedPolicy(version=version)
+        return ScriptedPolicy(version=version, styled=policy.styled)
     raise UnsupportedPolicy(f"policy: expected an object with set_weights or set_version, got {type(policy).__name__}")
 
 
@@ -187,7 +187,7 @@ class RolloutWorker:
             policy, tokenizer = build_train_policy(spec.train_model, spec.tokenizer)
             from rollout.policy.scripted import ScriptedPolicy
 
-            policies = {"train": policy, "oracle": ScriptedPolicy()}
+            policies = {"train": policy, "oracle": ScriptedPolicy(), "oracle_effort": ScriptedPolicy(styled=True)}
         else:
             policy, tokenizer = build_policy(spec.policy)
         s = spec.sampling

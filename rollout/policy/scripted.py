@@ -13,6 +13,17 @@ So an oracle episode exercises everything a model's episode does (rendering,
 parsing, intents, sandbox, formatting, grading) and scores full reward: the
 benchmark's policy, the runner's end-to-end test, and warm-start SFT data.
 
+**Effort styles** (``ScriptedPolicy(styled=True)``, the runners' ``oracle_effort``
+policy): the demonstration's length follows the request's effort level, so
+experts and students can learn effort levels that differ by length:
+
+* ``low``: the call, then submit (as unstyled);
+* ``high``: a short plan in ``<think>`` before the call, then submit;
+* ``max``: the plan, the call, a verifying turn (``cat`` of the file the oracle
+  wrote, else a listing of the workspace), then submit.
+
+A request without an effort is replayed unstyled.
+
 It needs the episode: ``EpisodeRunner`` calls ``for_episode(ctx)`` and samples
 from the returned per-episode policy; calling ``generate`` on the shared
 object raises ``PolicyError``.
@@ -39,6 +50,12 @@ _DECORATION = re.compile(
     re.IGNORECASE,
 )
 _SYSTEM_NOTE = re.compile(r"<system>.*?</system>", re.DOTALL)
+_WRITTEN = re.compile(r">{1,2}\s*(/[\w./-]+)")
+#: The thinking the styled oracle writes before its call, per effort level (none for low).
+EFFORT_PLANS: Mapping[str, str] = {
+    "high": "Plan: one command does the task, then I finish.",
+    "max": "Plan: one command does the task, then I check its output file, then I finish.",
+}
 
 
 def oracle_command(script: str) -> str:
@@ -82,8 +99,9 @@ class ScriptedPolicy:
 
     name = "scripted-oracle"
 
-    def __init__(self, *, version: int = 0) -> None:
+    def __init__(self, *, version: int = 0, styled: bool = False) -> None:
         self._version = version
+        self.styled = styled  # write the request's effort style (see the module docstring)
 
     @property
     def version(self) -> int:
@@ -98,13 +116,14 @@ class ScriptedPolicy:
 
 
 class _OracleReplay:
-    """One episode of ``ScriptedPolicy``: turn 1 runs the oracle, every later turn submits."""
+    """One episode of ``ScriptedPolicy``: turn 1 runs the oracle, then (max style) a verifying call, then submit."""
 
     def __init__(self, parent: ScriptedPolicy, ctx: EpisodeContext) -> None:
         self.name = parent.name
         self._parent = parent
         self._ctx = ctx
         self._turn = 0
+        self._effort = (ctx.request.effort or "") if parent.styled else ""
 
     @property
     def version(self) -> int:
@@ -115,20 +134,27 @@ class _OracleReplay:
         harness, task, variant = self._ctx.harness, self._ctx.task, self._ctx.variant
         if not isinstance(harness, BaseHarness):
             raise PolicyError(f"ScriptedPolicy writes calls with BaseHarness.from_intent; {type(harness).__name__} is not one")
+        script = task.oracle_script(variant)
+        thinking = ""
         if self._turn == 0:
-            script = task.oracle_script(variant)
             if script is None:
                 raise PolicyError(f"task {task.id!r} has no oracle script to replay (its oracle is Python code)")
             timeout = min(float(task.limits.wall_time_s), ORACLE_TIMEOUT_S)
             intent = Intent("exec_shell", {"command": oracle_command(script), "timeout_s": timeout})
+            plan = EFFORT_PLANS.get(self._effort)
+            thinking = f"<think>{plan}</think>\n" if plan else ""
+        elif self._turn == 1 and self._effort == "max":
+            intent = Intent("exec_shell", {"command": verify_command(script or "")})
         else:
             answer = None
             if task.oracle_answers():
                 tool_results = [m for m in prompt.messages if m.get("role") == "tool"]
-                answer = answer_from_observation(_text(tool_results[-1])) if tool_results else None
+                # the oracle's own output (a max-style episode's last result is the verifying call's)
+                result = (tool_results[0] if self._effort == "max" else tool_results[-1]) if tool_results else None
+                answer = answer_from_observation(_text(result)) if result is not None else None
             intent = Intent("submit", {"answer": answer})
         self._turn += 1
-        text = harness.render_turn([intent])
+        text = thinking + harness.render_turn([intent])
         return Generation(
             text=text,
             token_ids=(),
@@ -139,4 +165,10 @@ class _OracleReplay:
         )
 
 
-__all__ = ["ORACLE_TIMEOUT_S", "ScriptedPolicy", "answer_from_observation", "oracle_command"]
+def verify_command(script: str) -> str:
+    """The max style's verifying call: show the last file the oracle script wrote to, else list the workspace."""
+    written = _WRITTEN.findall(script)
+    return f"cat {written[-1]}" if written else "ls /workspace"
+
+
+__all__ = ["EFFORT_PLANS", "ORACLE_TIMEOUT_S", "ScriptedPolicy", "answer_from_observation", "oracle_command", "verify_command"]
