@@ -21,7 +21,7 @@ _GROUPS = {
     "image": ("agentenv.cli.image", "app"),
 }
 _REGISTERS = ["agentenv.cli.tasks", "agentenv.cli.demo", "agentenv.cli.rollout", "agentenv.cli.serve", "agentenv.cli.train", "agentenv.cli.eval",
-               "agentenv.cli.distill"]
+               "agentenv.cli.distill", "agentenv.cli.teachers"]
 
 for _name, (_module, _attr) in _GROUPS.items():
     app.add_typer(getattr(importlib.import_module(_module), _attr), name=_name)
