@@ -2,8 +2,8 @@
 
 No weights are fetched at run time, so the CPU example and the tests need
 teachers they can make: either fresh tiny Qwen2-shaped models built from a
-config with the project tokenizer (one seed per checkpoint, so the teachers
-differ), or copies of one trained checkpoint (``--from``, e.g. a model
+config with the project tokenizer (one seed per checkpoint from 1000 on, so the
+teachers differ from each other and from a seed-0 student), or copies of one trained checkpoint (``--from``, e.g. a model
 ``agentenv train`` produced). ``--per`` says how many checkpoints: one per
 domain (three, each serving its domain's three efforts: the default), one per
 cell (nine) or one for the whole grid. It writes ``OUT/grid.yaml`` (a
@@ -28,7 +28,7 @@ __all__ = ["write_tiny_grid"]
 def write_tiny_grid(
     out: str | Path, *, per: Literal["domain", "cell", "one"] = "domain", source: str | Path | None = None,
     hidden_size: int = 32, num_layers: int = 1, num_heads: int = 2, num_kv_heads: int = 1, init_std: float = 0.1,
-    seed: int = 0,
+    seed: int = 1000,
 ) -> Path:
     """Checkpoints and ``grid.yaml`` under ``out`` (see the module docstring); returns the grid file's path."""
     from rollout.policy.models import save_checkpoint, tiny_config
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from", dest="source", default=None, help="copy this checkpoint instead of fresh tiny models")
     parser.add_argument("--hidden-size", type=int, default=32)
     parser.add_argument("--num-layers", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=1000, help="first init seed (a student is usually seed 0)")
     args = parser.parse_args(argv)
     path = write_tiny_grid(args.out, per=args.per, source=args.source, hidden_size=args.hidden_size,
                            num_layers=args.num_layers, seed=args.seed)
