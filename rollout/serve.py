@@ -18,8 +18,11 @@ them: ``prompt_token_ids`` (response, and each completions choice) and
 entry per prompt token, ``None`` first, then ``{str(token_id): {logprob, rank,
 decoded_token}}`` holding the k most likely tokens and always the actual one,
 at temperature 1 whatever the request's temperature (how teachers score a
-student's tokens; ``teachers.scoring.EndpointScorer``). Ours: request ``thinking_budget`` (int)
-and response ``agentenv`` = ``{policy_version, sampled_mask, budget_closed,
+student's tokens; ``teachers.scoring.EndpointScorer``). Ours: request ``thinking_budget`` (int:
+thinking closed after that many tokens, the close tag inserted with ``sampled_mask`` 0), or
+``reasoning_effort`` (OpenAI's name) mapped to a budget by the server's ``effort_budgets``
+(``agentenv serve --effort-budget low=64``; an explicit ``thinking_budget`` wins, a level the
+server has no budget for is a 400 naming the levels it has), and response ``agentenv`` = ``{policy_version, sampled_mask, budget_closed,
 thinking_tokens}``.
 
 **Weights and versions** (in the style of SGLang's ``update_weights_from_disk``):
@@ -54,7 +57,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -88,6 +91,7 @@ class _Sampling(BaseModel):
     return_token_ids: bool = True
     include_stop_str_in_output: bool = True
     thinking_budget: int | None = None
+    reasoning_effort: str | None = None
 
     def sampling(self, default_max: int) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -99,8 +103,16 @@ class _Sampling(BaseModel):
             seed=self.seed,
         )
 
-    def budget(self) -> ThinkingBudget | None:
-        return None if self.thinking_budget is None else ThinkingBudget(self.thinking_budget)
+    def budget(self, effort_budgets: Mapping[str, int] | None = None) -> ThinkingBudget | None:
+        """The request's thinking budget: ``thinking_budget``, else the server's budget for ``reasoning_effort``."""
+        if self.thinking_budget is not None:
+            return ThinkingBudget(self.thinking_budget)
+        if self.reasoning_effort is None or effort_budgets is None:
+            return None
+        if self.reasoning_effort not in effort_budgets:
+            raise ValueError(f"reasoning_effort: this server has thinking budgets for {', '.join(sorted(effort_budgets))}, "
+                             f"got {self.reasoning_effort!r}")
+        return ThinkingBudget(effort_budgets[self.reasoning_effort])
 
 
 class ChatRequest(_Sampling):
@@ -176,9 +188,12 @@ def split_tool_calls(text: str) -> tuple[str | None, str | None, list[dict[str, 
 
 
 def create_app(
-    policy: HFPolicy, model_name: str, *, default_max_tokens: int = 256, model_path: str | None = None
+    policy: HFPolicy, model_name: str, *, default_max_tokens: int = 256, model_path: str | None = None,
+    effort_budgets: Mapping[str, int] | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``policy`` under ``model_name``.
+
+    ``effort_budgets`` maps a request's ``reasoning_effort`` to its thinking budget (tokens).
 
     ``model_path`` is what ``/get_model_info`` reports until the first weight
     update (default: ``model_name``); the loaded version is ``policy.version``.
@@ -215,7 +230,7 @@ def create_app(
                     raise _HTTPError(503, f"no usable weights: {loaded['broken']}; load a checkpoint again", "server_error")
                 if first is not None:
                     await asyncio.to_thread(first)
-                return await policy.generate(Prompt(token_ids=ids), sampling, req.budget())
+                return await policy.generate(Prompt(token_ids=ids), sampling, req.budget(effort_budgets))
         except ValueError as exc:
             raise _HTTPError(400, str(exc)) from exc
         except PolicyError as exc:
@@ -417,7 +432,8 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, *, tim
 
 
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, *, device: str = "cpu", seed: int = 0,
-          served_name: str | None = None, default_max_tokens: int = 256, version: int = 0) -> None:
+          served_name: str | None = None, default_max_tokens: int = 256, version: int = 0,
+          effort_budgets: Mapping[str, int] | None = None) -> None:
     """Load ``model`` (a local checkpoint path, or ``"tiny"``) as ``version`` and serve it until interrupted."""
     import uvicorn
 
@@ -428,7 +444,7 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, *, device: str 
     loaded, tok = load_model(model, device=device, seed=seed)
     name = served_name or model
     policy = HFPolicy(loaded, tok, device=device, name=f"hf:{name}", version=version)
-    app = create_app(policy, name, default_max_tokens=default_max_tokens, model_path=model)
+    app = create_app(policy, name, default_max_tokens=default_max_tokens, model_path=model, effort_budgets=effort_budgets)
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 

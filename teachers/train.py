@@ -52,7 +52,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentenv.intents import EFFORT_LEVELS
-from learner.effort import Budgets, episode_tokens
+from learner.effort import Budgets, EffortShaping, episode_tokens
 from learner.loop import NullReporter, Reporter, TrainLoop
 from learner.metrics import passed
 from learner.train_config import RLConfig, SFTConfig, TrainConfig
@@ -184,18 +184,23 @@ class TeacherTrainConfig(BaseModel):
             raise TeacherConfigError(f"{source}: {exc}") from None
 
 
-def _eval_row(trajs: Sequence[Trajectory]) -> dict[str, float]:
+def _eval_row(trajs: Sequence[Trajectory], shaping: EffortShaping | None = None) -> dict[str, float]:
+    """Pass rate, median sampled tokens, and (with the cell's budget) the share that passed within tau * b0."""
     tokens = [episode_tokens(t) for t in trajs]
     ok = [passed(t) and t.trainable for t in trajs]
-    return {"pass_rate": sum(ok) / len(ok) if ok else 0.0, "median_tokens": statistics.median(tokens) if tokens else 0.0,
-            "n": len(trajs)}
+    row = {"pass_rate": sum(ok) / len(ok) if ok else 0.0, "median_tokens": statistics.median(tokens) if tokens else 0.0,
+           "n": len(trajs)}
+    if shaping is not None and trajs:
+        limits = [shaping.limit(t) for t in trajs]
+        row["pass_within_budget"] = sum(o and (lim is None or n <= lim) for o, n, lim in zip(ok, tokens, limits)) / len(trajs)
+    return row
 
 
 async def _evaluate(loop: TrainLoop, index: int, iteration: int) -> dict[str, float]:
     """``loop.evaluate`` plus the held-out episodes' median sampled tokens (read back from the store)."""
-    result = await loop.evaluate(index, iteration)
+    await loop.evaluate(index, iteration)
     trajs = [t for t in loop.store.query(run_id=loop.run_id) if f"/eval{index}/" in t.episode_id]
-    return {**_eval_row(trajs), "pass_rate": result.pass_rate}
+    return _eval_row(trajs, loop.effort)
 
 
 async def _warm_start(cfg: TeacherTrainConfig, out: Path, reporter: Reporter) -> tuple[Path, Budgets, dict[str, Any]]:

@@ -20,6 +20,9 @@ def serve(
     policy_version: int = typer.Option(
         0, min=0, help="Version of the weights MODEL holds (reported on every response; updates must not go below it)."
     ),
+    effort_budget: list[str] = typer.Option(
+        [], "--effort-budget", help="LEVEL=TOKENS: a request's reasoning_effort LEVEL closes thinking after TOKENS (repeat)"
+    ),
 ) -> None:
     """Serve MODEL at http://HOST:PORT/v1 (chat completions with tools, completions, logprobs, token ids).
 
@@ -28,8 +31,14 @@ def serve(
     """
     from rollout.serve import serve as run
 
+    budgets: dict[str, int] = {}
+    for item in effort_budget:
+        level, _, tokens = item.partition("=")
+        if not level or not tokens.isdigit() or int(tokens) < 1:
+            raise typer.BadParameter(f"expected LEVEL=TOKENS with TOKENS >= 1, got {item!r}", param_hint="--effort-budget")
+        budgets[level] = int(tokens)
     try:
         run(model, host, port, device=device, seed=seed, served_name=served_name or None, default_max_tokens=max_tokens,
-            version=policy_version)
+            version=policy_version, effort_budgets=budgets or None)
     except FileNotFoundError as exc:
         raise typer.BadParameter(str(exc), param_hint="MODEL") from exc

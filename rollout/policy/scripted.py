@@ -51,10 +51,12 @@ _DECORATION = re.compile(
 )
 _SYSTEM_NOTE = re.compile(r"<system>.*?</system>", re.DOTALL)
 _WRITTEN = re.compile(r">{1,2}\s*(/[\w./-]+)")
+_PATH = re.compile(r"(?<![\w.])(/[\w.-]+(?:/[\w.-]+)+)")
 #: The thinking the styled oracle writes before its call, per effort level (none for low).
 EFFORT_PLANS: Mapping[str, str] = {
-    "high": "Plan: one command does the task, then I finish.",
-    "max": "Plan: one command does the task, then I check its output file, then I finish.",
+    "high": "Plan: the task needs one shell command. I run it, and then I finish.",
+    "max": "Plan: the task needs one shell command. I run it, then I read the output file to check the result, "
+           "and then I finish.",
 }
 
 
@@ -166,8 +168,9 @@ class _OracleReplay:
 
 
 def verify_command(script: str) -> str:
-    """The max style's verifying call: show the last file the oracle script wrote to, else list the workspace."""
-    written = _WRITTEN.findall(script)
+    """The max style's verifying call: show the last file the oracle script redirected output to, else the
+    last absolute path it names (a file edited in place), else list the workspace."""
+    written = _WRITTEN.findall(script) or _PATH.findall(script)
     return f"cat {written[-1]}" if written else "ls /workspace"
 
 

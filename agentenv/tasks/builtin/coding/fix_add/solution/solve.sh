@@ -1,0 +1,1 @@
+sed -i '2s/a - b/a + b/' /workspace/calc.py
