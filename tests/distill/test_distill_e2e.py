@@ -1,6 +1,7 @@
 """``agentenv distill`` end to end: tiny teachers from a config, a tiny student, real Docker sandboxes and verifiers.
 
-Two MOPD iterations on general/answer_number with efforts low / high / max: it
+Two MOPD iterations on general/answer_number with efforts low / high / max, with partial rollouts
+(K = 1: episodes still running when a batch is cut wait, then continue under the new weights): it
 checks the plumbing, not learning (docs/distill.md has the measured run). The
 summary has both held-out pass rates and one MOPD row per iteration with the
 per-cell metrics of the cells the efforts drew; the metrics are in the store;
@@ -35,12 +36,13 @@ def test_distill_end_to_end(tmp_path: Path, base_image: str) -> None:
             "efforts": {"levels": ["low", "high", "max"]},
             "group_size": 2,
             "sampling": {"temperature": 1.0, "max_new_tokens": 16},
-            "staleness": {"max_lag": 0},
+            "staleness": {"max_lag": 1},  # partial rollouts: held during each step, continued under new weights
             "concurrency": 3,
         },
         "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "init_std": 0.1},
         "sft": {"episodes": 0},
-        "rl": {"iterations": 2, "groups_per_iter": 2, "loss": {"is_correction": "mis", "kl_coef": 0.0}},
+        "rl": {"iterations": 2, "groups_per_iter": 2, "partial_rollouts": True, "partial_oversample": 1,
+               "loss": {"is_correction": "mis", "kl_coef": 0.0}},
         "eval": {"seeds": {"start": 9000, "count": 3}},
         "train_seeds": 9000,
         "distill": {"teachers": str(grid.relative_to(tmp_path)), "clip": 5.0, "alpha": 0.1},
