@@ -15,8 +15,10 @@ forwarder and the base image id, so a warm machine never downloads or builds,
 and a changed input always rebuilds. Wheels are cached under
 ``$AGENTENV_CACHE_DIR/wheels`` (pip's own client downloads them).
 
-``kimi`` (kimi-cli 1.51.0, Python >= 3.12) is not built here yet: the suite's
-base is Debian bookworm (Python 3.11); see docs/gateway.md.
+A third is a Python package: ``kimi`` (kimi-cli 1.51.0) needs Python >= 3.12,
+newer than the task images' own. Its recipe is a ``PythonCliRecipe``: a
+relocatable trixie Python with the CLI in a venv, built once into a runtime
+image (``sandboxes.cli_runtime``) and copied onto each task image from there.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +38,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from sandboxes.cli_runtime import OPT, PythonCliRecipe, build_python_cli_runtime
 from sandboxes.errors import SandboxError
 from sandboxes.images import ImageBuildError, image_exists
 from sandboxes.types import GATEWAY_MOUNT
@@ -42,7 +46,7 @@ from sandboxes.types import GATEWAY_MOUNT
 CLI_REPOSITORY_PREFIX = "agentenv-cli-"
 GATEWAY_SOCKET = "gw.sock"
 FORWARD_PORT = 8787  # where the CLI finds the gateway inside the sandbox (loopback only)
-INSTALL_DIR = "/opt/agentenv-cli"
+INSTALL_DIR = OPT
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class CliRecipe:
         return f"{self.package}=={self.version}"
 
 
-RECIPES: dict[str, CliRecipe] = {
+RECIPES: dict[str, CliRecipe | PythonCliRecipe] = {
     "claude": CliRecipe(
         "claude", "claude-agent-sdk", "0.2.189", "claude_agent_sdk-0.2.189-py3-none-manylinux_2_17_x86_64.whl",
         "b26a6a30a4e2cb025a6f5c95e1ce4469b38fcc51015c392f627bea7c948d67ad", (("claude_agent_sdk/_bundled/claude", "bin/claude"),), "bin/claude",
@@ -69,6 +73,12 @@ RECIPES: dict[str, CliRecipe] = {
     "codex": CliRecipe(
         "codex", "openai-codex-cli-bin", "0.163.0", "openai_codex_cli_bin-0.163.0-py3-none-manylinux_2_17_x86_64.whl",
         "76db41fb07fdf9ddacbe892b48d21dfde270031ec0f5666b5e558114355f006d", (("codex_cli_bin/bin/codex", "bin/codex"), ("codex_cli_bin/codex-path/rg", "bin/rg")), "bin/codex",
+    ),
+    # kimi's Grep tool looks for rg in kimi_cli/deps/bin before downloading one: trixie's, patched like the Python
+    "kimi": PythonCliRecipe(
+        "kimi", "kimi-cli", "1.51.0", "kimi-cli-1.51.0.txt", "kimi",
+        debian=("python3.13", "python3.13-venv", "patchelf", "ripgrep"),
+        extra_binaries=(("/usr/bin/rg", "lib/python3.13/site-packages/kimi_cli/deps/bin/rg"),),
     ),
 }
 
@@ -150,13 +160,17 @@ def fetch_wheel(recipe: CliRecipe, log: Callable[[str], None] = lambda _m: None)
 def cli_image_tag(client: docker.DockerClient, cli: str, base: str) -> str:
     recipe = _recipe(cli)
     base_id = client.images.get(base).id
+    if isinstance(recipe, PythonCliRecipe):
+        pieces: tuple[str, ...] = (recipe.requirement(), recipe.tag())
+    else:
+        pieces = (recipe.requirement(), recipe.sha256, repr(recipe.members))
     h = hashlib.sha256()
-    for piece in (recipe.requirement(), recipe.sha256, repr(recipe.members), FORWARDER, base_id, INSTALL_DIR):
+    for piece in (*pieces, FORWARDER, base_id, INSTALL_DIR):
         h.update(piece.encode() + b"\0")
     return f"{CLI_REPOSITORY_PREFIX}{cli}:{h.hexdigest()[:16]}"
 
 
-def _recipe(cli: str) -> CliRecipe:
+def _recipe(cli: str) -> CliRecipe | PythonCliRecipe:
     try:
         return RECIPES[cli]
     except KeyError:
@@ -166,26 +180,41 @@ def _recipe(cli: str) -> CliRecipe:
 def ensure_cli_image(
     client: docker.DockerClient, cli: str, base: str, *, force: bool = False, log: Callable[[str], None] = lambda _m: None
 ) -> str:
-    """``base`` plus the pinned CLI and the forwarder; built only when its content hash is missing."""
+    """``base`` plus the pinned CLI and the forwarder; built only when its content hash is missing.
+
+    Concurrent callers in one process (a runner's first episodes) wait for one build.
+    """
     recipe = _recipe(cli)
     tag = cli_image_tag(client, cli, base)
     if not force and image_exists(client, tag):
         log(f"{tag} is present (content hash unchanged)")
         return tag
-    wheel = fetch_wheel(recipe, log)
+    with _BUILD_LOCKS.setdefault(tag, threading.Lock()):
+        if not force and image_exists(client, tag):
+            return tag
+        _build(client, recipe, tag, base, log)
+    return tag
+
+
+_BUILD_LOCKS: dict[str, threading.Lock] = {}
+
+
+def _build(client: docker.DockerClient, recipe: CliRecipe | PythonCliRecipe, tag: str, base: str, log: Callable[[str], None]) -> None:
     context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar, zipfile.ZipFile(wheel) as zf:
+    with tarfile.open(fileobj=context, mode="w") as tar:
         lines = [f"FROM {base}"]
-        for member, target in recipe.members:
-            info = tarfile.TarInfo(f"files/{target}")
-            data = zf.read(member)
-            info.size, info.mode = len(data), 0o755
-            tar.addfile(info, io.BytesIO(data))
+        if isinstance(recipe, PythonCliRecipe):
+            runtime = build_python_cli_runtime(client, recipe, log=log)
+            lines.append(f"COPY --from={runtime} {INSTALL_DIR}/ {INSTALL_DIR}/")
+            label = f'LABEL agentenv.cli="{recipe.requirement()}" agentenv.runtime="{runtime}"'
+        else:
+            _add_wheel_members(tar, recipe, fetch_wheel(recipe, log))
+            label = f'LABEL agentenv.cli="{recipe.requirement()}" agentenv.wheel_sha256="{recipe.sha256}"'
         fwd = FORWARDER.encode()
         info = tarfile.TarInfo("files/bin/agentenv-gw-forward")
         info.size, info.mode = len(fwd), 0o755
         tar.addfile(info, io.BytesIO(fwd))
-        lines += [f"COPY files/ {INSTALL_DIR}/", f'LABEL agentenv.cli="{recipe.requirement()}" agentenv.wheel_sha256="{recipe.sha256}"']
+        lines += [f"COPY files/ {INSTALL_DIR}/", label]
         dockerfile = ("\n".join(lines) + "\n").encode()
         info = tarfile.TarInfo("Dockerfile")
         info.size = len(dockerfile)
@@ -198,7 +227,15 @@ def ensure_cli_image(
                 raise ImageBuildError(f"{tag}: build failed: {chunk['error']}")
     except docker.errors.DockerException as exc:
         raise ImageBuildError(f"{tag}: build failed: {exc}") from exc
-    return tag
+
+
+def _add_wheel_members(tar: tarfile.TarFile, recipe: CliRecipe, wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        for member, target in recipe.members:
+            info = tarfile.TarInfo(f"files/{target}")
+            data = zf.read(member)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
 
 
 __all__ = ["CLI_REPOSITORY_PREFIX", "FORWARD_PORT", "GATEWAY_SOCKET", "INSTALL_DIR", "RECIPES", "CliRecipe",

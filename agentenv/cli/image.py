@@ -46,19 +46,22 @@ def build(
 
 @app.command("build-cli")
 def build_cli(
-    cli: str = typer.Argument(..., help="claude | codex (kimi: not yet, see docs/gateway.md)"),
+    cli: str = typer.Argument(..., help="claude | codex | kimi"),
     base: str = typer.Option(None, help="image to put the CLI on; default: the suite base image"),
     force: bool = typer.Option(False, help="rebuild even if the content hash is present"),
 ) -> None:
-    """Put a pinned real harness CLI (from its PyPI wheel) on an image, cached by content hash."""
+    """Put a pinned real harness CLI (from PyPI) on an image, cached by content hash.
+
+    claude and codex are binaries from their wheels; kimi is kimi-cli in its own Python 3.13 from
+    Debian trixie (built once into a runtime image by debootstrap, pip and patchelf; needs root).
+    """
     import docker
 
     from sandboxes.cli_images import RECIPES, ensure_cli_image
     from sandboxes.images import ensure_base_image
 
     if cli not in RECIPES:
-        hint = " (kimi-cli needs Python >= 3.12; the suite base has 3.11)" if cli == "kimi" else ""
-        raise typer.BadParameter(f"expected one of {', '.join(sorted(RECIPES))}, got {cli!r}{hint}", param_hint="CLI")
+        raise typer.BadParameter(f"expected one of {', '.join(sorted(RECIPES))}, got {cli!r}", param_hint="CLI")
     client = docker.from_env(timeout=600)
     with console.status(f"building the {cli} image"):
         tag = ensure_cli_image(client, cli, base or ensure_base_image(client, log=console.log), force=force, log=console.log)
