@@ -1,4 +1,4 @@
-"""One episode through a real harness CLI (``cli:claude_code``, ``cli:codex``), recorded by the gateway.
+"""One episode through a real harness CLI (``cli:claude_code``, ``cli:codex``, ``cli:kimi_cli``), recorded by the gateway.
 
 The loop of ``rollout.episode`` belongs to the CLI here::
 
@@ -134,7 +134,7 @@ async def run_cli_attempt(runner: EpisodeRunner, req: EpisodeRequest, started: f
         verifier_s = time.monotonic() - t2
         from rollout.episode import _result_dict
 
-        info: dict[str, Any] = {**_result_dict(graded), "cli_exit": result.exit_code, "cli_s": cli_s}
+        info: dict[str, Any] = {**_result_dict(graded), "cli_exit": result.exit_code, "cli_s": cli_s, "start_s": sandbox_s}
         if graded.invalid and graded.invalid_cause != "agent":
             status, error = Status.INVALID, graded.reason
         traj = _trajectory(req, task, status, error, session, info, started, sandbox_s, cli_s, verifier_s)
@@ -183,7 +183,7 @@ def _trajectory(
 class CliOraclePolicy:
     """Replays each task's oracle as the CLI's own shell tool call, then answers in text.
 
-    Turn 1: the CLI's shell tool (``Bash{command}``, ``exec_command{cmd}``) running the
+    Turn 1: the CLI's shell tool (``Bash{command}``, ``exec_command{cmd}``, ``Shell{command}``) running the
     variant's oracle script; turn 2: a text turn -- the CLI ends its run -- whose text is
     the last line the oracle printed where the task is graded on an answer.
     """
@@ -234,6 +234,8 @@ class _CliOracleReplay:
             timeout = min(float(ctx.task.limits.wall_time_s), ORACLE_TIMEOUT_S)
             if profile.cli == "claude":
                 args["timeout"] = int(timeout * 1000)
+            elif profile.cli == "kimi":
+                args["timeout"] = max(1, min(int(timeout), 300))  # seconds; kimi refuses > 300 in the foreground
             else:
                 args["yield_time_ms"] = int(timeout * 1000)
             text = f"<tool_call>\n{json.dumps({'name': name, 'arguments': args}, ensure_ascii=False)}\n</tool_call>"

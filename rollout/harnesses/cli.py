@@ -1,6 +1,6 @@
 """The real harness CLIs as harnesses: how each is started in a sandbox and what it reports back.
 
-``cli:claude_code`` and ``cli:codex`` run the pinned real CLI (``sandboxes.cli_images``)
+``cli:claude_code``, ``cli:codex`` and ``cli:kimi_cli`` run the pinned real CLI (``sandboxes.cli_images``)
 inside the task's sandbox; the CLI's model calls go through the recording
 gateway (``rollout.gateway``), whose record is the trajectory. A profile says:
 
@@ -10,8 +10,8 @@ gateway (``rollout.gateway``), whose record is the trajectory. A profile says:
   127.0.0.1, offline switches);
 * how to read its final message from its JSON output (graded as the answer).
 
-``cli:kimi_cli`` is named but not yet buildable here (kimi-cli needs Python >=
-3.12, the suite base has 3.11): asking for it raises ``CliUnavailable``.
+Kimi CLI's only effort knob is thinking on or off (``--thinking``): ``low``
+runs it without thinking, every higher level with.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from sandboxes.cli_images import FORWARD_PORT, INSTALL_DIR
 
 CLI_HOME = "/tmp/agentenv-cli-home"  # the CLI's HOME: on the sandbox's /tmp, never in the graded workdir
-MODEL_NAME = {"claude": "agentenv-policy", "codex": "gpt-5.5"}  # codex: a catalog slug, else no apply_patch
+MODEL_NAME = {"claude": "agentenv-policy", "codex": "gpt-5.5", "kimi": "agentenv-policy"}  # codex: a catalog slug, else no apply_patch
+KIMI_CONFIG = f"{CLI_HOME}/kimi-config.json"
+KIMI_CONTEXT = 131072  # what the CLI believes the model's context is (it compacts near it; our budgets end episodes first)
 
 
 class CliUnavailable(LookupError):
@@ -51,6 +53,14 @@ class CliProfile:
                 "stream_max_retries = 0\nrequest_max_retries = 0\n"
             )
             return {f"{CLI_HOME}/.codex/config.toml": config}
+        if self.cli == "kimi":
+            kimi = {
+                "default_model": "agentenv", "telemetry": False,
+                "providers": {"agentenv": {"type": "openai_legacy", "base_url": f"http://127.0.0.1:{FORWARD_PORT}/v1", "api_key": token}},
+                "models": {"agentenv": {"provider": "agentenv", "model": MODEL_NAME["kimi"], "max_context_size": KIMI_CONTEXT}},
+                "loop_control": {"max_retries_per_step": 1},
+            }
+            return {KIMI_CONFIG: json.dumps(kimi, indent=1)}
         return {}
 
     def env(self, token: str) -> dict[str, str]:
@@ -62,6 +72,8 @@ class CliProfile:
                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
                 "ENABLE_TOOL_SEARCH": "false", "IS_SANDBOX": "1", "DISABLE_AUTO_COMPACT": "1",
             }
+        if self.cli == "kimi":
+            return {**base, "KIMI_DISABLE_TELEMETRY": "1"}
         return {**base, "CODEX_HOME": f"{CLI_HOME}/.codex"}
 
     def command(self, instruction: str, effort: str | None, max_turns: int) -> str:
@@ -69,6 +81,9 @@ class CliProfile:
         if self.cli == "claude":
             argv = [bin_, "-p", instruction, "--dangerously-skip-permissions", "--output-format", "stream-json",
                     "--verbose", "--effort", self.effort(effort), "--max-turns", str(max_turns), "--no-session-persistence"]
+        elif self.cli == "kimi":
+            argv = [bin_, "--print", "-p", instruction, "--output-format", "stream-json", "--yolo", "--config-file", KIMI_CONFIG,
+                    f"--{self.effort(effort)}", "--max-steps-per-turn", str(max_turns)]
         else:
             argv = [bin_, "exec", "--json", "--skip-git-repo-check", "-c", f"model_reasoning_effort={self.effort(effort)}", instruction]
         return " ".join(shlex.quote(a) for a in argv)
@@ -89,7 +104,20 @@ class CliProfile:
                 item = event.get("item") or {}
                 if item.get("type") == "agent_message" and isinstance(item.get("text"), str):
                     answer = item["text"]
+            elif self.cli == "kimi" and event.get("role") == "assistant":
+                text = _kimi_text(event.get("content"))
+                if text:
+                    answer = text
         return answer
+
+
+def _kimi_text(content: object) -> str:
+    """The text of a kimi stream-json assistant message (a string, or parts of which ``text`` ones count)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
+    return ""
 
 
 CLI_HARNESSES: dict[str, CliProfile] = {
@@ -97,13 +125,12 @@ CLI_HARNESSES: dict[str, CliProfile] = {
                                   {"low": "low", "medium": "medium", "high": "high", "max": "max"}),
     "cli:codex": CliProfile("cli:codex", "codex", "codex", ("exec_command", "cmd"),
                             {"low": "low", "medium": "medium", "high": "high", "max": "xhigh"}),
+    "cli:kimi_cli": CliProfile("cli:kimi_cli", "kimi", "kimi_cli", ("Shell", "command"),
+                               {"low": "no-thinking", "medium": "thinking", "high": "thinking", "max": "thinking"}),
 }
-PLANNED = {"cli:kimi_cli": "kimi-cli 1.51.0 needs Python >= 3.12; the suite base image is Debian bookworm (3.11)"}
 
 
 def cli_profile(name: str) -> CliProfile:
-    if name in PLANNED:
-        raise CliUnavailable(f"harness {name!r} is not available yet: {PLANNED[name]}")
     try:
         return CLI_HARNESSES[name]
     except KeyError:
@@ -114,4 +141,4 @@ def is_cli_harness(name: str) -> bool:
     return name.startswith("cli:")
 
 
-__all__ = ["CLI_HARNESSES", "CLI_HOME", "CliProfile", "CliUnavailable", "PLANNED", "cli_profile", "is_cli_harness"]
+__all__ = ["CLI_HARNESSES", "CLI_HOME", "CliProfile", "CliUnavailable", "cli_profile", "is_cli_harness"]

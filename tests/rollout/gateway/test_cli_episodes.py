@@ -1,11 +1,12 @@
-"""Every built-in task through each real CLI (Claude Code, Codex), end to end, on the local Docker daemon.
+"""Every built-in task through each real CLI (Claude Code, Codex, Kimi CLI), end to end, on the local Docker daemon.
 
 The scripted policy replays each task's oracle as the CLI's own shell tool call
 through the recording gateway: reward 1, and the gateway's record is one
 append-only token sequence. A do-nothing policy earns 0. The drift guard
 compares the tool list each pinned CLI really sent with its snapshot, and the
 emulated surface with it. The CLI images are built once per content hash (the
-first episode of each image builds it; later ones find it).
+first episode of each image builds it; later ones find it; Kimi's Python runtime is
+built once for all its images).
 """
 
 from __future__ import annotations
