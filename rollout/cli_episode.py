@@ -162,6 +162,7 @@ def _trajectory(
         verifier.update(
             gateway_breaks=[{"call": b.call_index, "cause": b.cause.value, "detail": b.detail} for b in session.breaks],
             gateway_threads=len(session.threads), append_only=session.append_only(),
+            gateway_s=sum(float(c.extra.get("gateway_s", c.latency_s)) for c in calls),
             malformed_calls=sum(1 for c in calls if c.malformed), cli_tools=[t["function"]["name"] for t in (session.tool_lists[-1] if session.tool_lists else [])],
         )
     samples = tuple(Sample(tuple(s.ids), tuple(s.logprobs), tuple(s.mask)) for s in (session.samples() if session else []))
@@ -221,7 +222,7 @@ class _CliOracleReplay:
         tools = {t.get("function", {}).get("name") for t in prompt.tools}
         if profile.shell_tool[0] not in tools:  # a side call (title, summary) without tools: answer briefly
             return Generation("Task", (), (), FinishReason.STOP, self.version)
-        explore = self._parent.explore
+        explore = min(self._parent.explore, max(ctx.task.limits.max_turns - 2, 0))  # the oracle and the answer still fit
         if self._turn < explore:
             name, arg = profile.shell_tool
             text = f"<tool_call>\n{json.dumps({'name': name, 'arguments': {arg: f'ls -la # look {self._turn}'}})}\n</tool_call>"

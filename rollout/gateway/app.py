@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ def make_app(session: Session, model_name: str = "agentenv-policy") -> FastAPI:
 
     async def handle(request: Request, api: Api, write: Callable[[Conversation, Any], Response]) -> Response:
         anthropic = api is Api.ANTHROPIC
+        t0 = time.monotonic()
         try:
             body = json.loads(await request.body())
             conv = READERS[api](body)
@@ -56,7 +58,7 @@ def make_app(session: Session, model_name: str = "agentenv-policy") -> FastAPI:
             err = replies.anthropic_error("invalid_request_error", str(exc)) if anthropic else replies.openai_error("invalid_request_error", str(exc), param)
             return JSONResponse(err, status_code=400)
         try:
-            reply, _record = await session.call(conv)
+            reply, record = await session.call(conv)
         except BudgetSpent as exc:
             err = replies.anthropic_error("rate_limit_error", str(exc)) if anthropic else replies.openai_error("rate_limit_exceeded", str(exc))
             return JSONResponse(err, status_code=429)
@@ -67,7 +69,9 @@ def make_app(session: Session, model_name: str = "agentenv-policy") -> FastAPI:
             log.warning("session %s: policy failed: %s", session.id, why)
             err = replies.anthropic_error("api_error", why) if anthropic else replies.openai_error("server_error", why)
             return JSONResponse(err, status_code=500)
-        return write(conv, reply)
+        response = write(conv, reply)
+        record.extra["gateway_s"] = time.monotonic() - t0  # read, splice, policy, reply: the gateway's share is this less latency_s
+        return response
 
     def _stream(chunks: Any) -> StreamingResponse:
         return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -10,7 +10,8 @@ sequence, no break), with each break counted by its cause.
     python -m rollout.gateway.bench --episodes 100 --explore 3 --task all --json runs/gateway-bench.json
 
 Both sides replay the task's oracle after ``explore`` harmless shell calls
-(``ls -la``), so the episodes are multi-turn and the two sides make the same
+(``ls -la``; fewer where the task's turn limit leaves no room for the oracle and
+the answer), so the episodes are multi-turn and the two sides make the same
 tool calls: the difference is the harness, not a model. ``--task all`` cycles
 the episodes through every built-in task (episode i runs task i mod 13, seed i).
 """
@@ -45,7 +46,8 @@ class ExploringOracle:
         self._oracle = ScriptedPolicy()
 
     def for_episode(self, ctx: Any) -> Policy:
-        return _Exploring(self.explore, ctx, self._oracle.for_episode(ctx))
+        explore = min(self.explore, max(ctx.task.limits.max_turns - 2, 0))  # as CliOraclePolicy: the oracle and the answer fit
+        return _Exploring(explore, ctx, self._oracle.for_episode(ctx))
 
 
 class _Exploring:
@@ -99,6 +101,8 @@ def _row(harness: str, base: str, trajs: list[Any], wall: float) -> dict[str, An
         "sandbox_s": mean([t.verifier.get("start_s", t.timings.sandbox_s) for t in trajs]), "policy_s": mean([t.timings.policy_s for t in trajs]),
         "verifier_s": mean([t.timings.verifier_s for t in trajs]),
         "cli_s": mean([t.verifier["cli_s"] for t in cli]) if cli else None,
+        # the gateway's own time (HTTP body, splicing, rendering, the reply) less the policy's
+        "gateway_s": mean([t.verifier["gateway_s"] - t.timings.policy_s for t in cli]) if cli else None,
         "calls": mean([len(t.turns) for t in trajs]), "reward": mean([t.reward for t in trajs]),
         "not_ok": collections.Counter(t.status.value for t in trajs if t.status.value != "ok"),
         "exact": exact / len(trajs) if trajs else 0.0, "breaks": dict(causes),
@@ -159,9 +163,10 @@ def main() -> None:
         r["ratio"] = r["mean_s"] / base[r["base"]] if base[r["base"]] else None
     print(f"tasks {args.task}, {args.episodes} episodes per harness, explore={args.explore}, concurrency={args.concurrency}")
     print(f"{'harness':16} {'n':>4} {'mean s':>7} {'p50 s':>7} {'x emul':>7} {'sandbox':>7} {'cli-pol':>7} {'policy':>7} "
-          f"{'grade':>6} {'calls':>5} {'reward':>6} {'append-only':>11}  breaks by cause / not ok")
+          f"{'grade':>6} {'gw':>5} {'calls':>5} {'reward':>6} {'append-only':>11}  breaks by cause / not ok")
     for r in rows:
         cli_less_policy = f"{r['cli_s'] - r['policy_s']:>7.2f}" if r["cli_s"] is not None else f"{'-':>7}"
+        gateway = f"{r['gateway_s']:>5.2f}" if r.get("gateway_s") is not None else f"{'-':>5}"
         print(f"{r['harness']:16} {r['n']:>4} {r['mean_s']:>7.2f} {r['p50_s']:>7.2f} {r['ratio']:>7.2f} {r['sandbox_s']:>7.2f} "
               f"{cli_less_policy} {r['policy_s']:>7.2f} {r['verifier_s']:>6.2f} {r['calls']:>5.1f} {r['reward']:>6.2f} "
               f"{r['exact']:>10.0%}  {r['breaks'] or '-'} {dict(r['not_ok']) or ''}")
