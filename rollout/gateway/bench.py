@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenv.intents import Intent
-from rollout.cli_episode import CliOraclePolicy
+from rollout.cli_episode import CliOraclePolicy, DoNothingPolicy
 from rollout.episode import EpisodeRequest, EpisodeRunner
 from rollout.harnesses.cli import CLI_HARNESSES
 from rollout.policy.scripted import ScriptedPolicy
@@ -112,12 +112,14 @@ def _row(harness: str, base: str, trajs: list[Any], wall: float) -> dict[str, An
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--episodes", type=int, default=3, help="episodes per harness (the issue's exactness goal: >= 100)")
+    ap.add_argument("--episodes", type=int, default=3, help="episodes per harness (the issue's exactness goal: >= 100; 0: only --startup)")
     ap.add_argument("--explore", type=int, default=2, help="shell calls before the oracle, on both sides")
     ap.add_argument("--task", default="general/answer_number", help="a task id, a comma list, or 'all' (cycled)")
     ap.add_argument("--clis", default=",".join(sorted(CLI_HARNESSES)))
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--startup", type=int, default=0,
+                    help="also this many do-nothing episodes per CLI (one model call, then the CLI exits): its start-up cost")
     args = ap.parse_args()
 
     import docker
@@ -130,12 +132,13 @@ def main() -> None:
     tok = build_tokenizer()
     tasks = _tasks(args.task)
     warm = _one_per_image(tasks)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    starts: list[dict[str, Any]] = []
     for cli_name in args.clis.split(","):
         emulated = CLI_HARNESSES[cli_name].emulated
         pair: tuple[tuple[str, Policy | Any], ...] = (
             (emulated, ExploringOracle(args.explore)), (cli_name, CliOraclePolicy(explore=args.explore)))
-        for harness, policy in pair:
+        for harness, policy in pair if args.episodes > 0 else ():
             runner = EpisodeRunner(policy, backend=backend, tokenizer=tok, pool_size=1)
             gate = asyncio.Semaphore(args.concurrency)
 
@@ -158,6 +161,21 @@ def main() -> None:
             rows.append(_row(harness, emulated, list(trajs), wall))
             r = rows[-1]
             print(f"  {harness}: {r['n']} episodes in {wall:.0f}s, mean {r['mean_s']:.2f}s, append-only {r['exact']:.0%}", flush=True)
+        if args.startup:
+            runner = EpisodeRunner(DoNothingPolicy(), backend=backend, tokenizer=tok, pool_size=1)
+
+            async def idle(n: int, first: int = 0, harness: str = cli_name, runner: EpisodeRunner = runner):
+                out = []
+                for i in range(first, first + n):  # one at a time: the CLI's own start, not a queue
+                    out.append(await runner.run(EpisodeRequest(f"bench-idle-{harness}-{i}", "bench", tasks[0], i, harness, effort="high")))
+                return out
+
+            asyncio.run(idle(1, 10_000))  # the image, not counted
+            trajs = asyncio.run(idle(args.startup))
+            runner.close()
+            starts.append({"harness": cli_name, "n": len(trajs), "cli_s": statistics.mean(t.verifier.get("cli_s", 0.0) for t in trajs),
+                           "p50_cli_s": statistics.median(t.verifier.get("cli_s", 0.0) for t in trajs),
+                           "start_s": statistics.mean(t.verifier.get("start_s", 0.0) for t in trajs)})
     base = {r["harness"]: r["mean_s"] for r in rows}
     for r in rows:
         r["ratio"] = r["mean_s"] / base[r["base"]] if base[r["base"]] else None
@@ -168,11 +186,15 @@ def main() -> None:
         cli_less_policy = f"{r['cli_s'] - r['policy_s']:>7.2f}" if r["cli_s"] is not None else f"{'-':>7}"
         gateway = f"{r['gateway_s']:>5.2f}" if r.get("gateway_s") is not None else f"{'-':>5}"
         print(f"{r['harness']:16} {r['n']:>4} {r['mean_s']:>7.2f} {r['p50_s']:>7.2f} {r['ratio']:>7.2f} {r['sandbox_s']:>7.2f} "
-              f"{cli_less_policy} {r['policy_s']:>7.2f} {r['verifier_s']:>6.2f} {r['calls']:>5.1f} {r['reward']:>6.2f} "
+              f"{cli_less_policy} {r['policy_s']:>7.2f} {r['verifier_s']:>6.2f} {gateway} {r['calls']:>5.1f} {r['reward']:>6.2f} "
               f"{r['exact']:>10.0%}  {r['breaks'] or '-'} {dict(r['not_ok']) or ''}")
+    for st in starts:
+        print(f"{st['harness']}: do-nothing episode (start, one model call, exit) {st['cli_s']:.2f}s mean, {st['p50_cli_s']:.2f}s p50, "
+              f"sandbox start {st['start_s']:.2f}s, n={st['n']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1, default=dict))
+        doc = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "startup": starts}
+        args.json.write_text(json.dumps(doc, indent=1, default=dict))
 
 
 if __name__ == "__main__":
