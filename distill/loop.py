@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from distill.advantages import CellStats, token_advantages
-from distill.routing import ContextsOf, score_samples
+from distill.routing import ContextsOf, score_samples, student_contexts
 from distill.types import DistillConfig, DistillConfigError, MOPDConfig
 from learner.advantages import group_advantages
 from learner.loop import NullReporter, Reporter, TrainLoop
@@ -156,8 +156,12 @@ def run_distill(
     try:
         loop = TrainLoop(cfg, tasks, reporter=reporter, resume=resume)
         tokenizer = loop.tokenizer
+        contexts: ContextsOf = (
+            (lambda t: trajectory_contexts(tokenizer, t)) if cfg.distill.teacher_context == "without_effort"
+            else (lambda t: student_contexts(tokenizer, t))
+        )
         provider = MOPDAdvantages(
-            cfg.distill, teachers, lambda t: trajectory_contexts(tokenizer, t), outcome=cfg.rl.advantage,
+            cfg.distill, teachers, contexts, outcome=cfg.rl.advantage,
             reporter=reporter, batch_tokens=grid.batch_tokens,
         )
         loop.advantages = provider
@@ -166,7 +170,8 @@ def run_distill(
         teachers.close()
     summary["distill"] = {
         "grid_cells": grid.cell_keys, "clip": cfg.distill.clip, "alpha": cfg.distill.alpha,
-        "student_logprobs": cfg.distill.student_logprobs, "teacher_load_s": round(load_s, 1),
+        "student_logprobs": cfg.distill.student_logprobs, "teacher_context": cfg.distill.teacher_context,
+        "teacher_load_s": round(load_s, 1),
         "steps": provider.history,
     }
     return write_outputs(summary, loop.history, cfg.run_dir(), json_path)

@@ -28,12 +28,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from agentenv.intents import EFFORT_LEVELS
 from distill.types import UnroutableSample
+from rollout.harnesses.rendering import ChatTokenizer
 from rollout.types import Trajectory
-from teachers.context import TeacherContext
-from teachers.types import ScoreRequest, ScoringError, TeacherScorer
+from teachers.context import TeacherContext, prompt_ids, splice
+from teachers.types import ScoreRequest, ScoringError, TeacherScorer, cell_key
 
-__all__ = ["ContextsOf", "ScoredSample", "route", "score_samples"]
+__all__ = ["ContextsOf", "ScoredSample", "route", "score_samples", "student_contexts"]
 
 #: a trajectory's teacher contexts, one per sample (``teachers.context.trajectory_contexts`` bound to a tokenizer)
 ContextsOf = Callable[[Trajectory], list[TeacherContext]]
@@ -50,6 +52,19 @@ class ScoredSample:
     teacher_logp: tuple[float, ...]
     student_logp: tuple[float, ...]
     teacher_clamped: int = 0
+
+
+def student_contexts(tokenizer: ChatTokenizer, trajectory: Trajectory) -> list[TeacherContext]:
+    """The ablation of ``teachers.context.trajectory_contexts``: the teacher sees the student's own prompt, effort
+    message included (``distill.teacher_context: student``), for teachers that were trained seeing it."""
+    from agentenv.registry import get_task
+
+    instruction = get_task(trajectory.task_id).variant(trajectory.seed).instruction
+    effort = trajectory.effort if trajectory.effort in EFFORT_LEVELS else None
+    s_ids = prompt_ids(tokenizer, trajectory.harness, str(instruction), effort)
+    key = cell_key(trajectory.domain, trajectory.effort)
+    return [splice(key, s.token_ids, s.loss_mask, s_ids, s_ids, sample_id=f"{trajectory.episode_id}#{k}")
+            for k, s in enumerate(trajectory.samples)]
 
 
 def route(trajectories: Sequence[Trajectory], contexts_of: ContextsOf, cells: Sequence[str] | None) -> list[list[TeacherContext]]:

@@ -62,6 +62,12 @@ class MOPDConfig(BaseModel):
         "per batch; right for partial rollouts sampled by several versions); rollout: the sampling-time logprobs",
     )
     teacher_device: str = Field(default="cpu", description="torch device of the local teacher backends")
+    teacher_context: Literal["without_effort", "student"] = Field(
+        default="without_effort",
+        description="without_effort: the teacher scores after the harness render without the effort message (only the "
+        "student sees it; for teachers trained without it); student: after the student's own prompt, effort message "
+        "included (for teachers that were trained seeing it; the ablation)",
+    )
 
 
 class DistillConfig(TrainConfig):

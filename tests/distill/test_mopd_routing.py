@@ -109,3 +109,20 @@ def test_the_outcome_term_is_group_normalised_and_weighted(tok: object) -> None:
     for item, r in zip(items, (1.0, 0.0, 0.0, 1.0)):
         sampled = {round(a, 4) for a, k in zip(item.advantage, item.loss_mask) if k}  # type: ignore[arg-type]
         assert sampled == {round(0.5 * (0.866 if r else -0.866), 4)} or sampled == pytest.approx({0.5 * (0.8660 if r else -0.8660)}, abs=1e-3)
+
+
+def test_the_same_context_ablation_gives_the_teacher_the_students_own_prompt(tok: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``teacher_context: student``: the teacher scores the sample as sampled, effort message included."""
+    from types import SimpleNamespace
+
+    import agentenv.registry
+    from distill.routing import student_contexts
+    from distill_fakes import INSTRUCTION
+
+    task = SimpleNamespace(variant=lambda seed: SimpleNamespace(instruction=INSTRUCTION))
+    monkeypatch.setattr(agentenv.registry, "get_task", lambda task_id: task)
+    t = trajectory(tok, "ep", "coding", "max", responses=((70, 71), (72,)))
+    (ctx,) = student_contexts(tok, t)  # type: ignore[arg-type]
+    assert ctx.request.token_ids == t.samples[0].token_ids and ctx.shift == 0
+    assert ctx.request.positions == ctx.student_positions == tuple(i for i, m in enumerate(t.samples[0].loss_mask) if m)
+    assert ctx.request.cell == "coding/max" and ctx.request.sample_id == "ep#0"
