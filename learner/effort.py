@@ -39,7 +39,7 @@ from rollout.types import Trajectory
 
 __all__ = ["BUDGETS_FORMAT", "Budgets", "EffortShaping", "TaskBudget", "episode_tokens", "request_fields", "shaping_from"]
 
-BUDGETS_FORMAT = "agentenv-budgets/1"
+BUDGETS_FORMAT: Literal["agentenv-budgets/1"] = "agentenv-budgets/1"
 
 
 def episode_tokens(t: Trajectory) -> int:

@@ -254,9 +254,9 @@ class TrainConfig(_Model):
                 raise LearnerConfigError(f"effort.{name}: level {unknown[0]!r} is not one of rollout.efforts.levels "
                                          f"{list(levels)}")
         if isinstance(self.effort.tau, dict):
-            missing = [lv for lv in levels if lv not in self.effort.tau] or ([] if levels else ["(no level)"])
-            if missing:
-                raise LearnerConfigError(f"effort.tau: no factor for effort level {missing[0]!r} of rollout.efforts.levels "
+            uncovered = [lv for lv in levels if lv not in self.effort.tau] or ([] if levels else ["(no level)"])
+            if uncovered:
+                raise LearnerConfigError(f"effort.tau: no factor for effort level {uncovered[0]!r} of rollout.efforts.levels "
                                          f"{list(levels)}; give one per level, or one number")
         if self.effort.tau is not None and self.rl.advantage.effort_tau is not None:
             raise LearnerConfigError(

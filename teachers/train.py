@@ -92,6 +92,8 @@ class TeacherTrainConfig(BaseModel):
     efforts: dict[str, EffortLevel] = Field(default_factory=lambda: {
         "low": EffortLevel(tau=0.5), "high": EffortLevel(tau=1.0), "max": EffortLevel(tau=2.0)})
     budgets: str | None = Field(default=None, description="a budgets file; None: measured on the warm start")
+    init: str | None = Field(default=None, description="an existing shared warm start (checkpoint folder) to start "
+                             "every expert from, instead of training one")
     budget_seeds: int = Field(default=12, ge=1, description="episodes per task for the measured budgets")
     base: dict[str, Any] = Field(default_factory=dict)
     warm_start: SFTConfig = SFTConfig(episodes=36, steps=80)
@@ -158,8 +160,10 @@ class TeacherTrainConfig(BaseModel):
                 lines.append(f"{where}: {field_path(e['loc'])}: {error if error is not None else e['msg']}")
             raise TeacherConfigError("invalid teachers config\n  " + "\n  ".join(lines)) from None
         root = where.parent
-        budgets = cfg.budgets if cfg.budgets is None or Path(cfg.budgets).is_absolute() else str(root / cfg.budgets)
-        cfg = cfg.model_copy(update={"budgets": budgets})
+        def rooted(p: str | None) -> str | None:
+            return p if p is None or Path(p).is_absolute() else str(root / p)
+
+        cfg = cfg.model_copy(update={"budgets": rooted(cfg.budgets), "init": rooted(cfg.init)})
         cfg.train_config("check", cfg.warm_start, RLConfig(iterations=0), list(cfg.efforts), {}, source=str(where))
         return cfg
 
@@ -206,14 +210,17 @@ async def _evaluate(loop: TrainLoop, index: int, iteration: int) -> dict[str, fl
 async def _warm_start(cfg: TeacherTrainConfig, out: Path, reporter: Reporter) -> tuple[Path, Budgets, dict[str, Any]]:
     levels = list(cfg.efforts)
     caps = {e: lv.max_thinking_tokens for e, lv in cfg.efforts.items() if lv.max_thinking_tokens is not None}
-    tc = cfg.train_config(f"{cfg.name}-warm-start", cfg.warm_start, RLConfig(iterations=0), levels,
+    sft = cfg.warm_start if cfg.init is None else cfg.warm_start.model_copy(update={"episodes": 0})
+    tc = cfg.train_config(f"{cfg.name}-warm-start", sft, RLConfig(iterations=0), levels,
                           {"message": False, "oracle_styles": True, "max_thinking_tokens": caps or None})
+    if cfg.init is not None:  # an existing shared warm start: measured (budgets), not trained
+        tc = tc.model_copy(update={"model": tc.model.model_copy(update={"checkpoint": cfg.init})})
     loop = TrainLoop(tc, cfg.task_domains, reporter=reporter)
     t0 = time.monotonic()
     try:
         await loop.runner.start(loop.task_ids)
         await loop.warm_start()
-        where = save_checkpoint(loop.model.lm, loop.tokenizer, out / "warm_start")
+        where = save_checkpoint(loop.model.lm, loop.tokenizer, out / "warm_start") if cfg.init is None else Path(cfg.init)
         if cfg.budgets is not None:
             budgets = Budgets.load(cfg.budgets)
         else:

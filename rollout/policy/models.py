@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from rollout.tokenizer import EOT, build_tokenizer
 
@@ -160,7 +160,13 @@ def load_checkpoint(
     if dtype is not None:
         kwargs["dtype"] = dtype
     model = place(AutoModelForCausalLM.from_pretrained(str(where), **kwargs), device)
-    tok = AutoTokenizer.from_pretrained(str(where), local_files_only=True)
+    # The saved tokenizer.json is the tokenizer, exactly: AutoTokenizer maps a qwen2 config to Qwen2Tokenizer,
+    # which rebuilds its own pre-tokenizer (digits one by one, NFC) and so tokenizes the project tokenizer's
+    # checkpoints differently from the model that was trained (prompts the model has never seen).
+    if (where / "tokenizer.json").is_file():
+        tok = PreTrainedTokenizerFast.from_pretrained(str(where), local_files_only=True)
+    else:
+        tok = AutoTokenizer.from_pretrained(str(where), local_files_only=True)
     return model, tok
 
 
