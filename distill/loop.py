@@ -172,6 +172,7 @@ def run_distill(
         "grid_cells": grid.cell_keys, "clip": cfg.distill.clip, "alpha": cfg.distill.alpha,
         "student_logprobs": cfg.distill.student_logprobs, "teacher_context": cfg.distill.teacher_context,
         "teacher_load_s": round(load_s, 1),
-        "steps": provider.history,
+        # from the engine's history, which a resumed run restores (the provider's own starts empty)
+        "steps": [{k: v for k, v in row.items() if k.startswith("mopd/")} for row in loop.history.rl],
     }
     return write_outputs(summary, loop.history, cfg.run_dir(), json_path)
