@@ -113,10 +113,12 @@ def _run(cmd: list[str], log: Callable[[str], None], env: dict[str, str] | None 
     return proc.stdout
 
 
-def _chroot_env() -> dict[str, str]:
+def _chroot_env(ca: bool) -> dict[str, str]:
     """What pip in the chroot needs of the host's set-up: its CA bundle (copied in), index and proxies."""
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1", "PIP_CERT": "/tmp/host-ca.crt"}
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1"}
+    if ca:
+        env["PIP_CERT"] = "/tmp/host-ca.crt"
     for key in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_DEFAULT_TIMEOUT", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
                 "http_proxy", "https_proxy", "no_proxy"):
         if os.environ.get(key):
@@ -159,7 +161,7 @@ def build_python_cli_runtime(
         os.symlink("/", root / home.lstrip("/") / "root")  # the sandbox's paths, inside the chroot
 
         def chroot(*argv: str) -> str:
-            return _run(["chroot", str(root), *argv], log, env=_chroot_env())
+            return _run(["chroot", str(root), *argv], log, env=_chroot_env(ca is not None))
 
         chroot(f"{home}/root/usr/bin/{py}", "-m", "venv", f"{home}/venv")
         chroot(f"{home}/venv/bin/pip", "install", "-q", "--require-hashes", "-r", "/tmp/lock.txt")
