@@ -258,8 +258,16 @@ class BaseHarness:
         return ToolCall(tool, {k: v for k, v in args.items() if v is not None}, intent.call_id)
 
     def render_call(self, call: ToolCall) -> str:
-        """The raw text form of ``call`` that ``parse`` accepts (the project chat template's form)."""
+        """The raw text form of ``call`` that ``parse`` accepts (the project chat template's form).
+
+        The markup itself inside an argument (a command that greps for ``<tool_call>``) is written
+        with its ``<`` escaped as ``\\u003c``: the JSON means the same string, and the text has no
+        opening or closing tag but the call's own. Nothing else is escaped, so ordinary calls
+        (``wc -l < FILE``) keep their tokens.
+        """
         body = json.dumps({"name": call.name, "arguments": dict(call.arguments)}, ensure_ascii=False)
+        for tag in (CALL_OPEN, CALL_CLOSE):
+            body = body.replace(tag, "\\u003c" + tag[1:])
         return f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}"
 
     def render_turn(self, intents: Sequence[Intent], text: str = "") -> str:

@@ -104,3 +104,18 @@ def test_every_harness_runs_a_shell_script_and_submits(name: str) -> None:
 def test_missing_tool_says_which() -> None:
     with pytest.raises(UnsupportedIntent, match="codex.*read_file"):
         get_harness("codex").from_intent(Intent("read_file", {"path": "a"}))
+
+
+@pytest.mark.parametrize("name", HARNESSES)
+@pytest.mark.parametrize("command", ["<tool_call>", "echo '</tool_call>' && grep -c '<tool_call>' log"])
+def test_the_markup_inside_an_argument_round_trips(name: str, command: str) -> None:
+    """A command that holds the call markup itself (hypothesis found ``['<tool_call>']`` on codex):
+    ``render_call`` escapes the tag's ``<`` inside the JSON, so the text parses back to the same call."""
+    harness = get_harness(name)
+    assert isinstance(harness, BaseHarness)
+    call = harness.from_intent(Intent("exec_shell", {"command": command, "timeout_s": 10}))
+    text = harness.render_call(call)
+    assert text.count("<tool_call>") == 1 and text.count("</tool_call>") == 1
+    parsed = harness.parse(text)
+    assert not parsed.errors, parsed.errors
+    assert [(c.name, dict(c.arguments)) for c in parsed.calls] == [(call.name, dict(call.arguments))]
