@@ -30,9 +30,7 @@ def distill(
     resume: bool = typer.Option(False, "--resume", help="continue this config's killed run from its newest checkpoint"),
 ) -> None:
     """Distil the teacher grid into one student on-policy (MOPD), evaluated on held-out variants."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from agentenv.cli.train import RichReporter
+    from agentenv.cli.train import pass_rate_table, phase_progress
     from distill.loop import run_distill
     from distill.types import load_distill_config
     from learner.errors import CheckpointError
@@ -44,24 +42,13 @@ def distill(
     except ConfigError as exc:
         console.print(str(exc), style="red", markup=False)
         raise typer.Exit(2) from None
-    with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[detail]}"), console=console,
-    ) as progress:
+    with phase_progress() as reporter:
         try:
-            summary = run_distill(cfg, root, json_path=json_path, reporter=RichReporter(progress), resume=resume)
+            summary = run_distill(cfg, root, json_path=json_path, reporter=reporter, resume=resume)
         except (ConfigError, TeacherConfigError, CheckpointError) as exc:
             console.print(str(exc), style="red", markup=False)
             raise typer.Exit(2) from None
-    table = Table(title=f"agentenv distill: {summary['run_id']} (held-out, {summary['after_rl']['n']} episodes)")
-    for col in ("split", "before", "after MOPD"):
-        table.add_column(col)
-    table.add_row("all", f"{summary['pass_rate_after_warm_start']:.2f}", f"{summary['pass_rate_after_rl']:.2f}")
-    for kind in ("by_harness", "by_effort"):
-        first, last = summary["after_warm_start"][kind], summary["after_rl"][kind]
-        for k in sorted(set(first) | set(last)):
-            table.add_row(f"{kind[3:]}={k}", f"{first.get(k, 0):.2f}", f"{last.get(k, 0):.2f}")
-    console.print(table)
+    console.print(pass_rate_table(summary, "agentenv distill", "after MOPD"))
     steps = summary["distill"]["steps"]
     if steps:
         last_step = steps[-1]

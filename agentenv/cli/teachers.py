@@ -68,8 +68,7 @@ def train(
     json_path: Path | None = typer.Option(None, "--json", help="also write the summary here"),
 ) -> None:
     """Train one expert per domain x effort cell from one shared warm start; write their grid.yaml."""
-    from agentenv.cli.train import RichReporter
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from agentenv.cli.train import phase_progress
 
     from rollout.config import ConfigError
     from teachers.train import TeacherTrainConfig, train_teachers
@@ -80,12 +79,9 @@ def train(
     except (TeacherError, ConfigError) as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-    with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[detail]}"), console=console,
-    ) as progress:
+    with phase_progress() as reporter:
         try:
-            summary = train_teachers(cfg, reporter=RichReporter(progress), json_path=json_path)
+            summary = train_teachers(cfg, reporter=reporter, json_path=json_path)
         except (TeacherError, ConfigError) as exc:
             console.print(f"[red]{exc}[/red]")
             raise typer.Exit(2) from None

@@ -7,6 +7,8 @@ evaluation) and a log line per step, then a table of the two pass rates.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,31 @@ class RichReporter:
         self.progress.console.log(line)
 
 
+@contextmanager
+def phase_progress() -> Iterator[RichReporter]:
+    """One rich progress display for a long job's phases (train, distill, teachers train); yields its reporter."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.fields[detail]}"), console=console,
+    ) as progress:
+        yield RichReporter(progress)
+
+
+def pass_rate_table(summary: dict[str, Any], title: str, after: str) -> Table:
+    """Held-out pass rates before and after training, overall and by harness / effort."""
+    table = Table(title=f"{title}: {summary['run_id']} (held-out, {summary['after_rl']['n']} episodes)")
+    for col in ("split", "after warm start", after):
+        table.add_column(col)
+    table.add_row("all", f"{summary['pass_rate_after_warm_start']:.2f}", f"{summary['pass_rate_after_rl']:.2f}")
+    for kind in ("by_harness", "by_effort"):
+        first, last = summary["after_warm_start"][kind], summary["after_rl"][kind]
+        for k in sorted(set(first) | set(last)):
+            table.add_row(f"{kind[3:]}={k}", f"{first.get(k, 0):.2f}", f"{last.get(k, 0):.2f}")
+    return table
+
+
 def train(
     config: Path = typer.Argument(..., help="training config YAML (examples/quickstart.yaml)", exists=True, dir_okay=False),
     json_path: Path | None = typer.Option(None, "--json", help="write the run summary (both pass rates, splits) here"),
@@ -50,8 +77,6 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="continue this config's killed run from its newest checkpoint"),
 ) -> None:
     """Warm-start on oracle episodes, then RL in Docker sandboxes, evaluated on held-out variants."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from learner.errors import CheckpointError
     from learner.job import run_training
     from learner.train_config import load_train_config
@@ -62,22 +87,11 @@ def train(
     except ConfigError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-    with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[detail]}"), console=console,
-    ) as progress:
+    with phase_progress() as reporter:
         try:
-            summary = run_training(cfg, json_path=json_path, reporter=RichReporter(progress), resume=resume)
+            summary = run_training(cfg, json_path=json_path, reporter=reporter, resume=resume)
         except CheckpointError as exc:
             console.print(f"[red]{exc}[/red]")
             raise typer.Exit(2) from None
-    table = Table(title=f"agentenv train: {summary['run_id']} (held-out, {summary['after_rl']['n']} episodes)")
-    for col in ("split", "after warm start", "after RL"):
-        table.add_column(col)
-    table.add_row("all", f"{summary['pass_rate_after_warm_start']:.2f}", f"{summary['pass_rate_after_rl']:.2f}")
-    for kind in ("by_harness", "by_effort"):
-        first, last = summary["after_warm_start"][kind], summary["after_rl"][kind]
-        for k in sorted(set(first) | set(last)):
-            table.add_row(f"{kind[3:]}={k}", f"{first.get(k, 0):.2f}", f"{last.get(k, 0):.2f}")
-    console.print(table)
+    console.print(pass_rate_table(summary, "agentenv train", "after RL"))
     console.print(f"curve: {summary['learning_curve_png']}\nreport: {summary['report_md']}")
