@@ -27,7 +27,7 @@ from learner.report import write_outputs
 from learner.train_config import TrainConfig, load_train_config
 from rollout.config import ConfigError
 
-__all__ = ["main", "run_training"]
+__all__ = ["REPORT_KEYS", "job_parser", "main", "run_training", "unwind_on_sigterm"]
 
 
 class PrintReporter:
@@ -57,33 +57,45 @@ def run_training(
     return write_outputs(summary, loop.history, cfg.run_dir(), json_path)
 
 
+#: what a job prints of its summary on its report line (``train-report:`` / ``distill-report:``)
+REPORT_KEYS = ("run_id", "pass_rate_after_warm_start", "pass_rate_after_rl", "improvement_points", "learning_curve_png")
+
+
 def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m learner.job", description=__doc__.splitlines()[0])
+def unwind_on_sigterm() -> None:
+    """SIGTERM (ray job stop, kill) unwinds like Ctrl-C, so the runner's finally releases its sandboxes."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def job_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The options every training job takes: CONFIG, --json, --store, --run-id, --seed, --resume."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("config")
     parser.add_argument("--json", type=Path, default=None, help="write the run summary here")
     parser.add_argument("--store", default=None, help="override the config's store URL")
     parser.add_argument("--run-id", default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--resume", action="store_true", help="continue this config's run from its newest checkpoint")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = job_parser("python -m learner.job", __doc__.splitlines()[0]).parse_args(argv)
     try:
         cfg = load_train_config(args.config, store=args.store, run_id=args.run_id, seed=args.seed)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    # SIGTERM (ray job stop, kill) unwinds like Ctrl-C, so the runner's finally releases its sandboxes.
-    signal.signal(signal.SIGTERM, _interrupt)
+    unwind_on_sigterm()
     try:
         summary = run_training(cfg, json_path=args.json, reporter=PrintReporter(), resume=args.resume)
     except CheckpointError as exc:
         print(exc, file=sys.stderr)
         return 2
-    keys = ("run_id", "pass_rate_after_warm_start", "pass_rate_after_rl", "improvement_points", "learning_curve_png")
-    print("train-report: " + json.dumps({k: summary[k] for k in keys}))
+    print("train-report: " + json.dumps({k: summary[k] for k in REPORT_KEYS}))
     return 0
 
 
