@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentenv.intents import EFFORT_LEVELS
 from learner.effort import Budgets, EffortShaping, episode_tokens
@@ -65,11 +65,26 @@ from teachers.budgets import measure
 from teachers.grid import EffortLevel, TeacherGridConfig
 from teachers.types import TeacherConfigError, cell_key
 
-__all__ = ["ExpertConfig", "TeacherTrainConfig", "train_teachers"]
+__all__ = ["ExpertConfig", "LevelOverride", "TeacherTrainConfig", "eval_row", "evaluate_with_tokens", "train_teachers"]
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 # The parts of a TrainConfig this recipe sets itself, per phase; giving them under base: is an error.
 _OWN = ("run_id", "store", "out_dir", "sft", "rl", "effort")
+
+
+class LevelOverride(BaseModel):
+    """What one effort level's experts change of ``expert:`` (``expert.by_effort.max: {rl: {iterations: 1}}``).
+
+    Why per level: the cells differ in episode length, and what RL does to a tiny model's format
+    differs with it (docs/teachers.md: RL broke the long max episodes at the rate that helped low).
+    ``rl`` / ``sft`` are partial ``RLConfig`` / ``SFTConfig`` fields merged over ``expert.rl`` /
+    ``expert.sft``; ``lr`` replaces ``base.trainer.lr`` for the level's RL.
+    """
+
+    model_config = _STRICT
+    sft: dict[str, Any] = Field(default_factory=dict)
+    rl: dict[str, Any] = Field(default_factory=dict)
+    lr: float | None = Field(default=None, gt=0.0)
 
 
 class ExpertConfig(BaseModel):
@@ -78,6 +93,26 @@ class ExpertConfig(BaseModel):
     model_config = _STRICT
     sft: SFTConfig = SFTConfig(episodes=12, steps=20)
     rl: RLConfig = RLConfig(iterations=3)
+    by_effort: dict[str, LevelOverride] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _overrides(self) -> ExpertConfig:
+        for e in self.by_effort:
+            try:
+                self.for_level(e)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise ValueError(f"by_effort.{e}: {field_path(err['loc'])}: {err['msg']}") from None
+        return self
+
+    def for_level(self, effort: str) -> tuple[SFTConfig, RLConfig, float | None]:
+        """The level's SFT and RL configs (``by_effort`` merged over the shared ones) and its lr override."""
+        over = self.by_effort.get(effort)
+        if over is None:
+            return self.sft, self.rl, None
+        sft = SFTConfig.model_validate({**self.sft.model_dump(), **over.sft})
+        rl = RLConfig.model_validate({**self.rl.model_dump(), **over.rl})
+        return sft, rl, over.lr
 
 
 class TeacherTrainConfig(BaseModel):
@@ -149,6 +184,13 @@ class TeacherTrainConfig(BaseModel):
             raise TeacherConfigError(f"{where}: cannot read the teachers config ({exc.strerror or exc})") from None
         except yaml.YAMLError as exc:
             raise TeacherConfigError(f"{where}: not valid YAML: {exc}") from None
+        return cls.parse(data, source=str(where), root=where.parent)
+
+    @classmethod
+    def parse(cls, data: Any, *, source: str, root: Path) -> TeacherTrainConfig:
+        """Validate a mapping (a file's, or a section of another config); ``init`` / ``budgets`` resolve against
+        ``root``; errors are lines ``source: field.path: why`` of a ``TeacherConfigError``."""
+        where = source
         if not isinstance(data, Mapping):
             raise TeacherConfigError(f"{where}: expected a mapping of config fields, got {type(data).__name__}")
         try:
@@ -159,20 +201,26 @@ class TeacherTrainConfig(BaseModel):
                 error = (e.get("ctx") or {}).get("error")
                 lines.append(f"{where}: {field_path(e['loc'])}: {error if error is not None else e['msg']}")
             raise TeacherConfigError("invalid teachers config\n  " + "\n  ".join(lines)) from None
-        root = where.parent
+        unknown = [e for e in cfg.expert.by_effort if e not in cfg.efforts]
+        if unknown:
+            raise TeacherConfigError(f"{where}: expert.by_effort: level {unknown[0]!r} is not one of efforts: {list(cfg.efforts)}")
+
         def rooted(p: str | None) -> str | None:
             return p if p is None or Path(p).is_absolute() else str(root / p)
 
         cfg = cfg.model_copy(update={"budgets": rooted(cfg.budgets), "init": rooted(cfg.init)})
-        cfg.train_config("check", cfg.warm_start, RLConfig(iterations=0), list(cfg.efforts), {}, source=str(where))
+        cfg.train_config("check", cfg.warm_start, RLConfig(iterations=0), list(cfg.efforts), {}, source=where)
         return cfg
 
     def train_config(
         self, run_id: str, sft: SFTConfig, rl: RLConfig, levels: Sequence[str], effort: Mapping[str, Any], *,
-        task_ids: Sequence[str] | None = None, source: str = "teachers config",
+        task_ids: Sequence[str] | None = None, source: str = "teachers config", trainer: Mapping[str, Any] | None = None,
     ) -> TrainConfig:
-        """One phase's ``TrainConfig``: ``base`` plus the phase's tasks, levels, SFT, RL and effort settings."""
+        """One phase's ``TrainConfig``: ``base`` plus the phase's tasks, levels, SFT, RL and effort settings
+        (``trainer``: fields merged over ``base.trainer``, e.g. a level's ``lr``)."""
         base = dict(self.base)
+        if trainer:
+            base["trainer"] = {**dict(base.get("trainer") or {}), **dict(trainer)}
         rollout = {**dict(base.pop("rollout", None) or {}), "tasks": {"ids": list(task_ids or self.task_domains)},
                    "efforts": {"levels": list(levels)}}
         data = {**base, "run_id": run_id, "store": self.store, "out_dir": self.out_dir, "rollout": rollout,
@@ -188,7 +236,7 @@ class TeacherTrainConfig(BaseModel):
             raise TeacherConfigError(f"{source}: {exc}") from None
 
 
-def _eval_row(trajs: Sequence[Trajectory], shaping: EffortShaping | None = None) -> dict[str, float]:
+def eval_row(trajs: Sequence[Trajectory], shaping: EffortShaping | None = None) -> dict[str, float]:
     """Pass rate, median sampled tokens, and (with the cell's budget) the share that passed within tau * b0."""
     tokens = [episode_tokens(t) for t in trajs]
     ok = [passed(t) and t.trainable for t in trajs]
@@ -200,11 +248,11 @@ def _eval_row(trajs: Sequence[Trajectory], shaping: EffortShaping | None = None)
     return row
 
 
-async def _evaluate(loop: TrainLoop, index: int, iteration: int) -> dict[str, float]:
+async def evaluate_with_tokens(loop: TrainLoop, index: int, iteration: int) -> dict[str, float]:
     """``loop.evaluate`` plus the held-out episodes' median sampled tokens (read back from the store)."""
     await loop.evaluate(index, iteration)
     trajs = [t for t in loop.store.query(run_id=loop.run_id) if f"/eval{index}/" in t.episode_id]
-    return _eval_row(trajs, loop.effort)
+    return eval_row(trajs, loop.effort)
 
 
 async def _warm_start(cfg: TeacherTrainConfig, out: Path, reporter: Reporter) -> tuple[Path, Budgets, dict[str, Any]]:
@@ -252,8 +300,9 @@ async def _expert(
                                   "tau": {effort: level.tau}}
     if level.max_thinking_tokens is not None:
         effort_cfg["max_thinking_tokens"] = {effort: level.max_thinking_tokens}
-    tc = cfg.train_config(f"{cfg.name}-{domain}-{effort}", cfg.expert.sft, cfg.expert.rl, [effort], effort_cfg,
-                          task_ids=tasks)
+    sft, rl, lr = cfg.expert.for_level(effort)
+    tc = cfg.train_config(f"{cfg.name}-{domain}-{effort}", sft, rl, [effort], effort_cfg, task_ids=tasks,
+                          trainer=None if lr is None else {"lr": lr})
     tc = tc.model_copy(update={"model": tc.model.model_copy(update={"checkpoint": str(warm)})})
     loop = TrainLoop(tc, {t: domain for t in tasks}, reporter=reporter)
     t0 = time.monotonic()
@@ -261,18 +310,19 @@ async def _expert(
         await loop.runner.start(loop.task_ids)
         await loop.runner.publish(0, loop.model.lm.state_dict())
         reporter.log(f"{cell_key(domain, effort)}: the shared init on the cell")
-        init = await _evaluate(loop, 0, 0)
+        init = await evaluate_with_tokens(loop, 0, 0)
         await loop.warm_start()
-        after_sft = await _evaluate(loop, 1, 0)
+        after_sft = await evaluate_with_tokens(loop, 1, 0)
         await loop.rl()
-        expert = await _evaluate(loop, 2, tc.rl.iterations)
+        expert = await evaluate_with_tokens(loop, 2, tc.rl.iterations)
         where = save_checkpoint(loop.model.lm, loop.tokenizer, out / "experts" / f"{domain}-{effort}")
     finally:
         await loop.runner.close()
     row = {"cell": cell_key(domain, effort), "run_id": loop.run_id, "checkpoint": str(where), "tasks": tasks,
            "tau": level.tau, "max_thinking_tokens": level.max_thinking_tokens, "init": init, "after_sft": after_sft,
            "expert": expert, "gain_points": round(100 * (expert["pass_rate"] - init["pass_rate"]), 1),
-           "rl": loop.history.rl, "seconds": time.monotonic() - t0}
+           "rl": loop.history.rl, "sft": {"episodes": tc.sft.episodes, "steps": tc.sft.steps, "batch_size": tc.sft.batch_size},
+           "lr": tc.trainer.lr, "timings_s": dict(loop.history.timings), "seconds": time.monotonic() - t0}
     reporter.log(f"{row['cell']}: pass {init['pass_rate']:.2f} -> {after_sft['pass_rate']:.2f} -> {expert['pass_rate']:.2f}, "
                  f"median tokens {init['median_tokens']:.0f} -> {expert['median_tokens']:.0f}")
     return row

@@ -31,6 +31,16 @@ def test_a_good_config_loads_with_its_cells_and_relative_budgets(tmp_path: Path)
     assert tc.rollout.tasks.ids == ("general/count_lines",) and tc.rollout.efforts.levels == ("low",)
 
 
+def test_a_level_override_changes_only_that_levels_experts(tmp_path: Path) -> None:
+    cfg = _load(tmp_path, {**GOOD, "expert": {"rl": {"iterations": 4, "groups_per_iter": 2},
+                                              "by_effort": {"max": {"rl": {"iterations": 1}, "sft": {"steps": 5}, "lr": 1e-4}}}})
+    sft, rl, lr = cfg.expert.for_level("max")
+    assert (rl.iterations, rl.groups_per_iter, sft.steps, lr) == (1, 2, 5, 1e-4)
+    assert cfg.expert.for_level("low") == (cfg.expert.sft, cfg.expert.rl, None)
+    tc = cfg.train_config("x", sft, rl, ["max"], {"message": False}, trainer={"lr": lr})
+    assert tc.trainer.lr == 1e-4 and tc.rl.iterations == 1
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"domains": {}}, r"domains: expected at least one domain"),
     ({"domains": {"general": []}}, r"domains: domain 'general' has no task ids"),
@@ -41,6 +51,9 @@ def test_a_good_config_loads_with_its_cells_and_relative_budgets(tmp_path: Path)
     ({"base": {"model": {"hiden_size": 3}}}, r"base.model.hiden_size: Extra inputs are not permitted"),
     ({"warm_start": {"steps": -1}}, r"warm_start.steps: Input should be greater than or equal to 0"),
     ({"expert": {"rl": {"iterations": 1, "loss": {"nope": 1}}}}, r"expert.rl.loss.nope: Extra inputs are not permitted"),
+    ({"expert": {"by_effort": {"high": {"rl": {"iterations": 1}}}}}, r"expert.by_effort: level 'high' is not one of efforts"),
+    ({"expert": {"by_effort": {"max": {"rl": {"iteratons": 1}}}}}, r"expert: by_effort.max: iteratons: Extra inputs"),
+    ({"expert": {"by_effort": {"max": {"lr": 0}}}}, r"expert.by_effort.max.lr: Input should be greater than 0"),
 ])
 def test_config_errors_name_the_file_and_field(tmp_path: Path, change: dict[str, Any], message: str) -> None:
     with pytest.raises(TeacherConfigError, match=r"teachers.yaml: " + message):
