@@ -3,11 +3,17 @@
 Issue #15's "On the H200" measurements, on a Qwen2-0.5B-shaped grid built from
 a config (random weights; nothing is downloaded). Run on the H200 (not in CI)::
 
-    python -m distill.bench_gpu --shape qwen2-0.5b --json runs/bench_mopd.json   # add --no-compile to skip compile
+    python -m distill.bench_gpu --shape qwen2-0.5b --json runs/bench_mopd.json   # --verbose: every step's time
 
 and on any CPU, in seconds, with tiny models (what the unit test does)::
 
     python -m distill.bench_gpu --tiny --json /tmp/bench_mopd.json
+
+The H200 run should take about 3 minutes on a 16-core host (three 0.5B models
+initialised on the CPU, nine merged copies, a 512-token generate, ~40 s of
+compile in the warm-up steps); ``--no-compile``, ``--response-len 256`` or
+``--steps 2`` shorten it. It needs ``peft`` (the LoRA teachers) and says so
+when it cannot import it.
 
 The workload, shared by all three: 9 cells (general/agent/coding x low/high/max)
 x ``--per-cell`` (8) student samples, each a random prompt of ``--prompt-len``
@@ -314,8 +320,9 @@ def learner_steps(cfg: Qwen2Config, requests: list[ScoreRequest], teacher: list[
             t = fn()
             if step >= args.warmup:
                 times[kind].append(t)
-            elif args.verbose:
-                print(f"  warm-up {step} {kind}: {sum(t):.2f} s", flush=True)
+            if args.verbose:
+                what = "warm-up" if step < args.warmup else "timed"
+                print(f"  {what} step {step} {kind}: {sum(t):.3f} s ({' + '.join(f'{x:.3f}' for x in t)})", flush=True)
     out: dict[str, Any] = {"steps": args.steps, "warmup": args.warmup, "tokens": sum(lengths),
                            "loss_tokens": sum(len(r.positions) for r in requests), "train_flops": tflops,
                            "score_flops": sflops, "peak_mem_gib": _gib(device, True)}
@@ -469,7 +476,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fused-adamw", action=argparse.BooleanOptionalAction, default=None, help="default: on CUDA")
     p.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--verbose", action="store_true", help="print warm-up step times")
+    p.add_argument("--verbose", action="store_true", help="print every learner step's time")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     if args.tiny:
