@@ -61,6 +61,7 @@ from distill.grid_report import (
 )
 from learner.effort import episode_tokens
 from learner.loop import NullReporter, Reporter, TrainLoop, eval_requests
+from learner.train_config import SFTConfig
 from learner.types import AdvantageConfig, LossConfig
 from rollout.config import ConfigError
 from rollout.types import Trajectory
@@ -108,6 +109,12 @@ class GridDemoConfig(BaseModel):
     teachers: dict[str, Any]
     budget: Budget = Budget()
     eval_every: int = Field(default=2, ge=0, description="held-out evaluations every N iterations of student and baseline")
+    adapt: SFTConfig = Field(
+        default=SFTConfig(episodes=0, steps=0),
+        description="before student and baseline alike: SFT on plain oracle demonstrations (one style for every level) "
+        "with the effort message shown, so a warm start trained without the message has seen it; the message says "
+        "nothing yet (MOPD or the effort reward must teach what it means); counted in both runs' costs",
+    )
     target_fraction: float = Field(default=TARGET_FRACTION, gt=0.0, le=1.0)
     student: StudentConfig = StudentConfig()
     baseline: BaselineConfig = BaselineConfig()
@@ -146,10 +153,10 @@ class GridDemoConfig(BaseModel):
 
 
 def _phase_config(cfg: GridDemoConfig, tcfg: Any, run: str, warm: str, budgets: Path, *, loss: LossConfig,
-                  lr: float, advantage: AdvantageConfig | None = None) -> dict[str, Any]:
+                  lr: float, advantage: AdvantageConfig | None = None, adapt: bool = False) -> dict[str, Any]:
     """The student's / baseline's ``TrainConfig`` fields: the teachers' base, every domain and level, from the
     warm start, the effort message shown, each level's cap, the effort reward's budgets and taus."""
-    from learner.train_config import RLConfig, SFTConfig
+    from learner.train_config import RLConfig
 
     levels = list(tcfg.efforts)
     caps = {e: lv.max_thinking_tokens for e, lv in tcfg.efforts.items() if lv.max_thinking_tokens is not None}
@@ -157,7 +164,7 @@ def _phase_config(cfg: GridDemoConfig, tcfg: Any, run: str, warm: str, budgets: 
               "max_thinking_tokens": caps or None}
     rl = RLConfig(iterations=cfg.budget.iterations, groups_per_iter=cfg.budget.groups_per_iter,
                   updates_per_iter=cfg.budget.updates_per_iter, loss=loss, advantage=advantage or AdvantageConfig())
-    tc = tcfg.train_config(f"{cfg.name}-{run}", SFTConfig(episodes=0, steps=0), rl, levels, effort, trainer={"lr": lr},
+    tc = tcfg.train_config(f"{cfg.name}-{run}", cfg.adapt if adapt else SFTConfig(episodes=0, steps=0), rl, levels, effort, trainer={"lr": lr},
                            source=f"{cfg.name}: {run}")
     data = tc.model_dump(mode="json", exclude_unset=True)  # what was set: rollout's unused defaults (seeds) are refused
     data["model"] = {**data.get("model", {}), "checkpoint": warm}
@@ -185,7 +192,7 @@ def _student(cfg: GridDemoConfig, tcfg: Any, teachers: Mapping[str, Any], report
     from distill.types import DistillConfig
 
     data = _phase_config(cfg, tcfg, "student", teachers["warm_start"]["checkpoint"], Path(teachers["budgets_file"]),
-                         loss=cfg.student.loss, lr=cfg.student.lr)
+                         loss=cfg.student.loss, lr=cfg.student.lr, adapt=True)
     data["distill"] = {"teachers": str(Path(teachers["grid"]).resolve()), "clip": cfg.student.clip, "alpha": cfg.student.alpha}
     dc = DistillConfig.model_validate(data)
     reporter.log(f"student: MOPD on {teachers['grid']} for {_episodes(dc)} episodes (the effort reward is not applied: "
@@ -199,7 +206,7 @@ def _baseline(cfg: GridDemoConfig, tcfg: Any, teachers: Mapping[str, Any], repor
     from learner.train_config import TrainConfig
 
     data = _phase_config(cfg, tcfg, "baseline", teachers["warm_start"]["checkpoint"], Path(teachers["budgets_file"]),
-                         loss=cfg.baseline.loss, lr=cfg.baseline.lr, advantage=cfg.baseline.advantage)
+                         loss=cfg.baseline.loss, lr=cfg.baseline.lr, advantage=cfg.baseline.advantage, adapt=True)
     tc = TrainConfig.model_validate(data)
     reporter.log(f"baseline: multi-task RL with the effort reward for {_episodes(tc)} episodes")
     summary = run_training(tc, reporter=reporter)
@@ -262,12 +269,13 @@ def _sample_tokens(t: Trajectory) -> int:
     return sum(len(s.token_ids) for s in t.samples)
 
 
-def _curve(summary: Mapping[str, Any], trajs: Sequence[Trajectory], scoring_of: Any = None) -> RunCurve:
-    """Cost through each iteration (K = 0: an iteration's episodes were sampled by the version before it) and the evals."""
+def _curve(summary: Mapping[str, Any], trajs: Sequence[Trajectory], scoring_of: Any = None, start: Cost = Cost()) -> RunCurve:
+    """Cost through each iteration (K = 0: an iteration's episodes were sampled by the version before it) and the evals;
+    ``start``: what the run spent before its first iteration (the adaptation SFT)."""
     per: dict[int, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         per[t.policy_version + 1].append(t)
-    through = [Cost()]
+    through = [start]
     for row in summary["rl"]:
         it = int(row["iteration"])
         ts = per.get(it, [])
@@ -302,8 +310,14 @@ def _costs(cfg: GridDemoConfig, tcfg: Any, teachers: Mapping[str, Any], student:
         def rl_of(run_id: str) -> list[Trajectory]:
             return [t for t in store.query(run_id=run_id) if "/rl" in t.episode_id]
 
-        s_curve = _curve(student, rl_of(student["run_id"]), mopd_scoring)
-        b_curve = _curve(baseline, rl_of(baseline["run_id"]))
+        def adapt_of(summary: Mapping[str, Any]) -> Cost:
+            demos = [t for t in store.query(run_id=summary["run_id"]) if "/sft/" in t.episode_id]
+            return Cost(episodes=len(demos), learner_tokens=_sft_tokens([t for t in demos if t.reward >= 1.0],
+                                                                        cfg.adapt.steps, cfg.adapt.batch_size),
+                        wall_s=float(summary["timings_s"].get("warm_start_s", 0.0)))
+
+        s_curve = _curve(student, rl_of(student["run_id"]), mopd_scoring, adapt_of(student))
+        b_curve = _curve(baseline, rl_of(baseline["run_id"]), start=adapt_of(baseline))
         cells: dict[str, Cost] = {}
         for row in teachers["cells"]:
             trajs = store.query(run_id=row["run_id"])
