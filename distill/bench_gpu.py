@@ -38,11 +38,12 @@ teacher sees the student's own context (``teacher_context: student``).
    8192-token logprob chunks with logits kept, compiled layers, fused AdamW),
    ``LossConfig.dapo()``, the same items; steps interleaved after warm-up:
    ``rl``: GRPO advantages per sequence (random 0/1 rewards per cell's group);
-   ``mopd``: as ``distill.loop.MOPDAdvantages`` does with ``student_logprobs:
-   learner``: ``HFScorer`` over the learner's model scores the sampled tokens
-   (no autocast: the loop runs it in fp32 weights as they are), then
-   ``distill.advantages.token_advantages`` (R = 5) per token, then the step;
-   ``mopd_bf16``: the same with that forward under bf16 autocast.
+   ``mopd``: ``HFScorer`` over the learner's model scores the sampled tokens
+   in fp32 (``MOPDAdvantages(bf16=False)``, what the loop did before the
+   first H200 reading), then ``distill.advantages.token_advantages`` (R = 5)
+   per token, then the step; ``mopd_bf16``: the same with that forward under
+   bf16 autocast, as ``distill.loop.MOPDAdvantages`` now runs it on CUDA
+   (``student_logprobs: learner``, ``trainer.bf16`` unset).
    MFU is reported three ways for MOPD: the forward's FLOPs counted as model
    FLOPs; not counted (its time is overhead); the trainer step alone.
 3. **One MOPD iteration's GPU-seconds**, from the phases measured above on the
@@ -59,7 +60,15 @@ position the LM head runs at (the scored ones, plus the one
 computes, not ``2 N`` a token. Every interval is read after
 ``torch.cuda.synchronize``.
 
-H200 readings: not measured yet.
+H200 readings (2026-12-03, docs/benchmarks.md): the learner part only; the
+run shared the host's 16 cores with a CPU sweep and was cut off at the
+session's device budget (377 s) after the last learner step, before the
+tables, so the rollout and teacher-scoring numbers were lost (``done`` now
+prints and writes each phase as it ends). Per step, mean of 3 after 2 warm-up:
+``rl`` 1.040 s (32.0% MFU); ``mopd`` 4.449 s = 3.390 scoring + 0.020 + 1.040
+training (9.5% with the forward counted: 22.5 points under RL); ``mopd_bf16``
+1.469 s = 0.423 + 0.015 + 1.032 (28.9% counted, 3.1 points under RL; the
+trainer step alone 32.2%).
 """
 
 from __future__ import annotations
@@ -350,7 +359,9 @@ def learner_steps(cfg: Qwen2Config, requests: list[ScoreRequest], teacher: list[
 # ---------------------------------------------------------------- the run
 
 
-def run(args: argparse.Namespace, clock: Clock = time.perf_counter) -> dict[str, Any]:
+def run(args: argparse.Namespace, clock: Clock = time.perf_counter,
+        done: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """All three measurements; ``done(phase, result)`` after each one (main writes it out: a killed run keeps it)."""
     try:
         import peft
     except ImportError as exc:
@@ -363,11 +374,15 @@ def run(args: argparse.Namespace, clock: Clock = time.perf_counter) -> dict[str,
     watch = Stopwatch(device, clock)
     _free(device)
 
+    report = done or (lambda phase, result: None)
     seqs, plens, roll = rollout(cfg, args, device, dtype, watch)
+    report("rollout", roll)
     requests = [ScoreRequest(CELLS[i // args.per_cell], s, tuple(range(p, len(s))), str(i))
                 for i, (s, p) in enumerate(zip(seqs, plens))]
     scoring, teacher = teacher_scoring(cfg, requests, args, device, dtype, watch)
+    report("teacher_scoring", scoring)
     learn = learner_steps(cfg, requests, teacher, args, device, watch)
+    report("learner", learn)
 
     mopd = learn["mopd"]
     phases = {"rollout": roll["seconds"], "teacher_prefill": scoring["lora"]["pass_s"],
@@ -507,7 +522,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None, clock: Clock = time.perf_counter) -> int:
     args = parse_args(argv)
-    result = run(args, clock)
+    partial: dict[str, Any] = {"partial": True}
+
+    def done(phase: str, result: dict[str, Any]) -> None:
+        """Each phase's numbers as soon as they exist: on the lent GPU a run cut off at its time limit keeps them."""
+        partial[phase] = result
+        print(f"{phase}: {json.dumps(result, default=str)}", flush=True)
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(partial, indent=2, default=str))
+
+    result = run(args, clock, done)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from distill.advantages import CellStats, token_advantages
 from distill.routing import ContextsOf, score_samples, student_contexts
 from distill.types import DistillConfig, DistillConfigError, MOPDConfig
@@ -47,11 +49,17 @@ class MOPDAdvantages:
     ``contexts_of``: a trajectory's teacher contexts (``trajectory_contexts`` bound
     to the student's tokenizer). ``outcome``: the estimator of ``A_outcome``
     (used when ``cfg.alpha > 0``). ``history`` keeps each call's metrics.
+    ``bf16``: score the student under bf16 autocast, as the trainer's forward
+    runs (``trainer.bf16``; None = on CUDA only). On the H200 the fp32 scoring
+    forward took 3.39 s of a 4.45 s MOPD step against 0.42 s under autocast
+    (docs/benchmarks.md): fp32 there is 8x the cost for a logprob the loss
+    itself computes under autocast.
     """
 
     def __init__(
         self, cfg: MOPDConfig, teachers: TeacherScorer, contexts_of: ContextsOf, *,
         outcome: AdvantageConfig | None = None, reporter: Reporter | None = None, batch_tokens: int = 16384,
+        bf16: bool | None = None,
     ) -> None:
         self.cfg = cfg
         self.teachers = teachers
@@ -59,6 +67,7 @@ class MOPDAdvantages:
         self.outcome = outcome or AdvantageConfig()
         self.reporter: Reporter = reporter or NullReporter()
         self.batch_tokens = batch_tokens
+        self.bf16 = bf16
         self.history: list[dict[str, float]] = []
 
     def student_scorer(self, model: PolicyModel) -> TeacherScorer | None:
@@ -74,7 +83,9 @@ class MOPDAdvantages:
         if self.cfg.alpha > 0:
             for group, adv_G in zip(groups, group_advantages([[float(t.reward) for t in g] for g in groups], self.outcome)):
                 outcome.update({t.episode_id: a for t, a in zip(group, adv_G)})
-        scored = score_samples(trajs, self.contexts_of, self.teachers, self.student_scorer(model))
+        bf16 = self.bf16 if self.bf16 is not None else model.device.type == "cuda"
+        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
+            scored = score_samples(trajs, self.contexts_of, self.teachers, self.student_scorer(model))
         by_cell: dict[str, CellStats] = defaultdict(CellStats)
         lengths: dict[str, list[int]] = defaultdict(list)
         items: list[TrainItem] = []
@@ -162,7 +173,7 @@ def run_distill(
         )
         provider = MOPDAdvantages(
             cfg.distill, teachers, contexts, outcome=cfg.rl.advantage,
-            reporter=reporter, batch_tokens=grid.batch_tokens,
+            reporter=reporter, batch_tokens=grid.batch_tokens, bf16=cfg.trainer.bf16,
         )
         loop.advantages = provider
         summary = asyncio.run(loop.run())

@@ -102,3 +102,23 @@ def test_missing_peft_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "peft", None)  # import peft -> ImportError
     with pytest.raises(SystemExit, match="need peft"):
         main(["--tiny", "--device", "cpu"])
+
+
+def test_a_run_cut_off_in_the_learner_phase_keeps_the_phases_already_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first H200 run lost its rollout and teacher-scoring numbers to the device's time limit: never again."""
+    import distill.bench_gpu as bench
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt("the device's time limit")
+
+    monkeypatch.setattr(bench, "learner_steps", killed)
+    out = tmp_path / "bench.json"
+    with pytest.raises(KeyboardInterrupt):
+        main(["--tiny", "--device", "cpu", "--json", str(out)])
+    r = json.loads(out.read_text())
+    assert r["partial"] is True and set(r) == {"partial", "rollout", "teacher_scoring"}
+    assert r["rollout"]["sequences"] == 9 * 2 and r["teacher_scoring"]["agreement"]["ok"]
+    printed = capsys.readouterr().out
+    assert printed.startswith("rollout: {") and "\nteacher_scoring: {" in printed

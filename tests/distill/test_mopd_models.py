@@ -82,3 +82,20 @@ def test_teachers_and_the_student_score_at_temperature_one_whatever_the_rollout_
                       - _hand_logprobs(student, sample.token_ids, ctx.student_positions, rollout_t))
         torch.testing.assert_close(got, at_1, atol=1e-4, rtol=0)
         assert (got - at_rollout).abs().max() > 1e-2  # and not at the rollout's temperature
+
+
+def test_the_student_scores_under_bf16_autocast_when_asked_and_in_fp32_on_cpu_by_default(tok: object) -> None:
+    """``bf16=None`` follows the trainer (fp32 on CPU: the hand-computed logprobs exactly); ``bf16=True`` autocasts."""
+    student, teacher_model = _model(tok, 0), _model(tok, 1)
+    trajs = _batch(tok)
+    teacher = RoutingScorer({c: HFScorer(teacher_model.lm) for c in CELLS})
+
+    def advantages(bf16: bool | None) -> torch.Tensor:
+        provider = MOPDAdvantages(MOPDConfig(teachers="unused", clip=100.0), teacher, contexts_of(tok), bf16=bf16)
+        items, _ = provider([trajs], student)
+        return torch.tensor([a for item in items for a in item.advantage])  # type: ignore[union-attr]
+
+    default, fp32, bf16 = advantages(None), advantages(False), advantages(True)
+    assert torch.equal(default, fp32)
+    gap = (bf16 - fp32).abs().max().item()
+    assert 0.0 < gap < 0.1  # bf16 rounding: moved, but the same logprobs to two digits
