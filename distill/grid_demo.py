@@ -115,6 +115,12 @@ class GridDemoConfig(BaseModel):
         "with the effort message shown, so a warm start trained without the message has seen it; the message says "
         "nothing yet (MOPD or the effort reward must teach what it means); counted in both runs' costs",
     )
+    adapt_styles: bool = Field(
+        default=False,
+        description="the adaptation's demonstrations in each episode's effort style (low: the call; high: plan, call; "
+        "max: + a check; effort.oracle_styles) instead of one plain style: a cold start that already ties the message "
+        "to a length, as the K3 recipe's SFT does before MOPD; the same for student and baseline",
+    )
     target_fraction: float = Field(default=TARGET_FRACTION, gt=0.0, le=1.0)
     student: StudentConfig = StudentConfig()
     baseline: BaselineConfig = BaselineConfig()
@@ -161,7 +167,7 @@ def _phase_config(cfg: GridDemoConfig, tcfg: Any, run: str, warm: str, budgets: 
     levels = list(tcfg.efforts)
     caps = {e: lv.max_thinking_tokens for e, lv in tcfg.efforts.items() if lv.max_thinking_tokens is not None}
     effort = {"message": True, "budgets": str(budgets), "tau": {e: lv.tau for e, lv in tcfg.efforts.items()},
-              "max_thinking_tokens": caps or None}
+              "max_thinking_tokens": caps or None, "oracle_styles": adapt and cfg.adapt_styles}
     rl = RLConfig(iterations=cfg.budget.iterations, groups_per_iter=cfg.budget.groups_per_iter,
                   updates_per_iter=cfg.budget.updates_per_iter, loss=loss, advantage=advantage or AdvantageConfig())
     tc = tcfg.train_config(f"{cfg.name}-{run}", cfg.adapt if adapt else SFTConfig(episodes=0, steps=0), rl, levels, effort, trainer={"lr": lr},
