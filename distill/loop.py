@@ -53,7 +53,8 @@ class MOPDAdvantages:
     runs (``trainer.bf16``; None = on CUDA only). On the H200 the fp32 scoring
     forward took 3.39 s of a 4.45 s MOPD step against 0.42 s under autocast
     (docs/benchmarks.md): fp32 there is 8x the cost for a logprob the loss
-    itself computes under autocast.
+    itself computes under autocast. In-process teachers on the same device
+    type score under it too (a LoRA grid or copies loaded in bf16 already are).
     """
 
     def __init__(
