@@ -84,9 +84,11 @@ class MOPDAdvantages:
         if self.cfg.alpha > 0:
             for group, adv_G in zip(groups, group_advantages([[float(t.reward) for t in g] for g in groups], self.outcome)):
                 outcome.update({t.episode_id: a for t, a in zip(group, adv_G)})
-        bf16 = self.bf16 if self.bf16 is not None else model.device.type == "cuda"
-        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
-            scored = score_samples(trajs, self.contexts_of, self.teachers, self.student_scorer(model))
+        student = self.student_scorer(model)
+        device = getattr(model, "device", None)  # None: sampling-time logprobs, no student forward to autocast
+        bf16 = device is not None and (self.bf16 if self.bf16 is not None else device.type == "cuda")
+        with torch.autocast(device.type if device is not None else "cpu", dtype=torch.bfloat16, enabled=bf16):
+            scored = score_samples(trajs, self.contexts_of, self.teachers, student)
         by_cell: dict[str, CellStats] = defaultdict(CellStats)
         lengths: dict[str, list[int]] = defaultdict(list)
         items: list[TrainItem] = []
