@@ -290,8 +290,9 @@ def learner_steps(cfg: Qwen2Config, requests: list[ScoreRequest], teacher: list[
     student = PolicyModel.from_config(cfg, seed=args.seed, attn_implementation=args.attn).to(device)
     trainer = Trainer(student, LossConfig.dapo(), packed_config(args, bf16))
 
-    def student_scorer() -> HFScorer:  # as distill.loop.MOPDAdvantages.student_scorer, built anew each step
-        return HFScorer(student.lm, batch_tokens=args.batch_tokens, device=device)
+    def student_scorer(autocast: bool = False) -> HFScorer:  # as MOPDAdvantages.student_scorer, built anew each step
+        return HFScorer(student.lm, batch_tokens=args.batch_tokens, device=device,
+                        autocast=torch.bfloat16 if autocast else None)
 
     seqs = [r.token_ids for r in requests]
     masks = [(0,) * r.positions[0] + (1,) * len(r.positions) for r in requests]  # the response: the sample's end
@@ -312,8 +313,7 @@ def learner_steps(cfg: Qwen2Config, requests: list[ScoreRequest], teacher: list[
 
     def mopd(autocast: bool) -> list[float]:
         t0 = watch.now()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            student_lp = student_scorer().score(requests)
+        student_lp = student_scorer(autocast).score(requests)
         t1 = watch.now()
         items = [TrainItem(r.token_ids, m_lp, m, token_advantages(tr.logprobs, st.logprobs, r.positions,
                                                                    len(r.token_ids), CLIP), r.sample_id)

@@ -53,8 +53,8 @@ class MOPDAdvantages:
     runs (``trainer.bf16``; None = on CUDA only). On the H200 the fp32 scoring
     forward took 3.39 s of a 4.45 s MOPD step against 0.42 s under autocast
     (docs/benchmarks.md): fp32 there is 8x the cost for a logprob the loss
-    itself computes under autocast. In-process teachers on the same device
-    type score under it too (a LoRA grid or copies loaded in bf16 already are).
+    itself computes under autocast. Only the student's forward: teachers
+    score in their own dtype.
     """
 
     def __init__(
@@ -75,7 +75,9 @@ class MOPDAdvantages:
         """The learner's current weights as a scorer (T = 1), or None for the sampling-time logprobs."""
         if self.cfg.student_logprobs == "rollout":
             return None
-        return HFScorer(model.lm, batch_tokens=self.batch_tokens, device=model.device)
+        bf16 = self.bf16 if self.bf16 is not None else model.device.type == "cuda"
+        return HFScorer(model.lm, batch_tokens=self.batch_tokens, device=model.device,
+                        autocast=torch.bfloat16 if bf16 else None)
 
     def __call__(self, groups: Sequence[Sequence[Trajectory]], model: PolicyModel) -> tuple[list[TrainItem], dict[str, float]]:
         t0 = time.monotonic()
@@ -84,11 +86,7 @@ class MOPDAdvantages:
         if self.cfg.alpha > 0:
             for group, adv_G in zip(groups, group_advantages([[float(t.reward) for t in g] for g in groups], self.outcome)):
                 outcome.update({t.episode_id: a for t, a in zip(group, adv_G)})
-        student = self.student_scorer(model)
-        device = getattr(model, "device", None)  # None: sampling-time logprobs, no student forward to autocast
-        bf16 = device is not None and (self.bf16 if self.bf16 is not None else device.type == "cuda")
-        with torch.autocast(device.type if device is not None else "cpu", dtype=torch.bfloat16, enabled=bf16):
-            scored = score_samples(trajs, self.contexts_of, self.teachers, student)
+        scored = score_samples(trajs, self.contexts_of, self.teachers, self.student_scorer(model))
         by_cell: dict[str, CellStats] = defaultdict(CellStats)
         lengths: dict[str, list[int]] = defaultdict(list)
         items: list[TrainItem] = []

@@ -68,13 +68,16 @@ class HFScorer:
     """
 
     def __init__(self, model: Any, *, batch_tokens: int = 16384, device: str | torch.device | None = None,
-                 floor: float = DEFAULT_FLOOR, pad_id: int = 0) -> None:
+                 floor: float = DEFAULT_FLOOR, pad_id: int = 0, autocast: torch.dtype | None = None) -> None:
+        """``autocast``: run the forward under ``torch.autocast`` at that dtype (fp32 weights, bf16 compute, as the
+        trainer's forward); None: the weights' own dtype."""
         if batch_tokens < 1:
             raise ScoringError(f"HFScorer batch_tokens: expected >= 1, got {batch_tokens}")
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model = torch.nn.Module.to(model, self.device).eval()
         self.batch_tokens, self.floor, self.pad_id = int(batch_tokens), float(floor), int(pad_id)
         self.vocab_size = int(getattr(model.config, "vocab_size", 0)) or None
+        self.autocast = autocast
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
         for req in requests:
@@ -109,11 +112,12 @@ class HFScorer:
             ids_BT[b, : len(r.token_ids)] = torch.tensor(r.token_ids, dtype=torch.long)
             attn_BT[b, : len(r.token_ids)] = 1
         ids_BT, attn_BT = ids_BT.to(self.device), attn_BT.to(self.device)
-        hidden_BTH = self._hidden(ids_BT, attn_BT)
         rows_N = torch.tensor([b for b, r in enumerate(batch) for _ in r.positions], device=self.device)
         pos_N = torch.tensor([p for r in batch for p in r.positions], device=self.device)
-        # position p is predicted from the hidden state at p - 1
-        logits_NV = self._head(hidden_BTH[rows_N, pos_N - 1]).float()
+        with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+            hidden_BTH = self._hidden(ids_BT, attn_BT)
+            # position p is predicted from the hidden state at p - 1
+            logits_NV = self._head(hidden_BTH[rows_N, pos_N - 1]).float()
         logp_N = torch.log_softmax(logits_NV, dim=-1).gather(1, ids_BT[rows_N, pos_N].unsqueeze(1)).squeeze(1)
         flat = logp_N.cpu().tolist()
         out, at = [], 0
