@@ -61,6 +61,9 @@ MAC_SIZE = 16
 CHUNK = 1 << 16
 READ_LIMIT = 64 << 20  # sandboxes.types.READ_LIMIT
 KILL_WINDOW_S = 2.0
+REAP_WAIT_S = 5.0  # the longest a command waits for a killed bomb's slots to free (loaded hosts are slow)
+YOUNG_S = 0.1  # an earlier command's process born this recently may be a bomb still growing
+SETTLE_S = 0.3  # the longest a command waits for such processes to show what they are
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MANIFEST_NAME = ".agentenv-snapshot.json"
 POST_EXIT_DRAIN_S = 0.2  # read what background children still write after the command exits
@@ -274,7 +277,7 @@ def leftovers_too_many(victims):
     return len(victims) * LEFTOVER_SHARE >= Session.pids_limit
 
 
-def signal_every_user_process(sig):
+def signal_as_user(sig):
     """``kill(-1, sig)`` from a child with only the sandbox user's ids: every process of that user at
     once (the kernel holds off forks while it walks the task list), never root's. False when the
     child cannot be forked (the pids limit is reached), or there is no separate sandbox user."""
@@ -296,16 +299,54 @@ def signal_every_user_process(sig):
     return True
 
 
+INIT_PID_NAMESPACE_INODE = 0xEFFFFFFC  # the kernel's PROC_PID_INIT_INO: the host's own pid namespace
+
+
+def in_own_pid_namespace():
+    """Whether this agent runs in a pid namespace of its own (a container's), not the host's."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino != INIT_PID_NAMESPACE_INODE
+    except OSError:
+        return False
+
+
+def signal_everyone_but_init(sig):
+    """``kill(-1, sig)`` as root: every process of this pid namespace but init and the agent, in one
+    go. Only where that namespace is the sandbox's own, and only for SIGSTOP / SIGCONT: what a bomb
+    at the pids limit leaves, when not even one child can be forked to do it as the sandbox user.
+    Root processes (a ``docker exec``) are paused for as long as the kill pass takes."""
+    if not Session.uid or os.geteuid() != 0 or not in_own_pid_namespace():
+        return False
+    try:
+        os.kill(-1, sig)
+    except OSError:
+        return False
+    return True
+
+
+def stop_every_user_process():
+    """Stop every sandbox-user process in one go; the function that resumes them, or None."""
+    if signal_as_user(signal.SIGSTOP):
+        return lambda: signal_as_user(signal.SIGCONT) or signal_everyone_but_init(signal.SIGCONT)
+    if signal_everyone_but_init(signal.SIGSTOP):
+        return lambda: signal_everyone_but_init(signal.SIGCONT)
+    return None
+
+
 def kill_until_gone(select):
     """SIGKILL ``select(user_processes())`` until it is empty (a bomb cannot regrow); how many went.
 
     Each pass first stops every sandbox-user process in one go, so none forks while the victims
-    are picked and killed, then lets the survivors (the current command's) go on.
+    are picked and killed, then lets the survivors (the current command's) go on. When a bomb
+    holds the pids limit, the child that stops them as the sandbox user cannot be forked; the
+    agent then stops everything in the sandbox's pid namespace itself: killing the victims of a
+    snapshot while the rest run on frees slots the bomb refills as fast (a loaded host never
+    catches up).
     """
     killed = 0
     end = time.monotonic() + KILL_WINDOW_S
     while time.monotonic() < end:
-        stopped = signal_every_user_process(signal.SIGSTOP)
+        resume = stop_every_user_process()
         try:
             victims = select(user_processes())
             for pid in victims:
@@ -314,8 +355,8 @@ def kill_until_gone(select):
                 except OSError:
                     pass
         finally:
-            if stopped:
-                signal_every_user_process(signal.SIGCONT)
+            if resume is not None:
+                resume()
         if not victims:
             break
         killed = max(killed, len(victims))
@@ -330,29 +371,88 @@ def bomb_note(killed, whose):
             % (killed, whose, Session.pids_limit)).encode()
 
 
+def user_zombies():
+    """How many of the sandbox user's processes are dead and not yet reaped: their pids still count."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat("/proc/" + name).st_uid != Session.uid:
+                continue
+            with open("/proc/%s/stat" % name, "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        count += raw[raw.rindex(b")") + 2 :].startswith(b"Z")
+    return count
+
+
+def wait_for_reaping(end):
+    """After a kill: wait, until ``end``, while the sandbox is at half its pids limit only because
+    what was killed is not reaped yet (init reaps it; a loaded host takes its time), so that what
+    runs next can fork and is not taken for the bomb."""
+    while over_pids_half() and time.monotonic() < end and user_zombies():
+        time.sleep(0.005)
+
+
+def uptime_ticks():
+    with open("/proc/uptime") as f:
+        return float(f.read().split()[0]) * CLK_TCK
+
+
+def settle_young_leftovers():
+    """Before a command: wait while earlier commands' processes are young (born in the last
+    ``YOUNG_S``) and the sandbox is under a quarter of its pids limit.
+
+    A background job started a moment ago may be a bomb in its first milliseconds, too small to
+    tell yet; it grows from there to the limit faster than a running command's watch looks, so the
+    command could not even fork. Waiting lets it show what it is: it ages (an ordinary background
+    job, which costs the next command at most ``YOUNG_S``), ends, or crosses the quarter, and the
+    clearing takes it. Bounded by ``SETTLE_S``.
+    """
+    if not Session.uid or not Session.pids_limit:
+        return
+    end = time.monotonic() + SETTLE_S
+    while time.monotonic() < end and not over_pids_share(LEFTOVER_SHARE):
+        try:
+            young = uptime_ticks() - YOUNG_S * CLK_TCK
+        except (OSError, ValueError, IndexError):
+            return
+        if not any(started >= young for _, started, _ in user_processes().values()):
+            return
+        time.sleep(0.01)
+
+
 def clear_runaway_before():
     """Before a command: everything earlier commands left goes if it holds a quarter of the pids
     limit in processes, or the sandbox is at half the limit (threads count there)."""
+    settle_young_leftovers()
     if not over_pids_share(LEFTOVER_SHARE):
         return b""
     if not over_pids_half() and not leftovers_too_many(user_processes()):
         return b""
-    killed = kill_until_gone(list)
-    end = time.monotonic() + 1.0
-    while over_pids_half() and time.monotonic() < end:  # let init reap them, or this command cannot fork
-        time.sleep(0.005)
+    killed = 0
+    end = time.monotonic() + REAP_WAIT_S
+    while True:
+        killed = max(killed, kill_until_gone(list))
+        wait_for_reaping(end)
+        if not over_pids_half() or not user_processes() or time.monotonic() >= end:
+            break  # else something outlived the kill (a bomb regrown): again
     return bomb_note(killed, "left running by earlier commands")
 
 
 def watch_runaway(command, proc):
     """During and after a command: kill what earlier commands left running once it holds a quarter
     of the pids limit (a bomb still growing is caught with room to spare) or the sandbox is at half;
-    if the sandbox is still at half, this command is the bomb: kill everything it started."""
+    if the sandbox is still at half once what was killed is reaped, this command is the bomb: kill
+    everything it started."""
     if not over_pids_share(LEFTOVER_SHARE):
         return b""
     note = b""
     if over_pids_half() or leftovers_too_many(command.not_mine(user_processes())):
         note = bomb_note(kill_until_gone(command.not_mine), "left running by earlier commands")
+        wait_for_reaping(time.monotonic() + REAP_WAIT_S)
     if over_pids_half():
         note += bomb_note(kill_until_gone(command.mine), "this command started")
         try:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandboxes.channel import FRAME, AgentChannel
+from sandboxes.channel import AGENT_DIR, FRAME, AgentChannel
 from sandboxes.docker_backend import DockerBackend, DockerSandbox
 from sandboxes.errors import SandboxFileTooLarge, SandboxTampered
 from sandboxes.host_view import HostView
@@ -180,6 +180,74 @@ def test_a_backgrounded_fork_bomb_is_stopped(backend_docker: DockerBackend, base
         r = sb.exec("echo alive")  # the next command finds the sandbox near its pids limit and clears it
         after = sb.exec("ps -e --no-headers | wc -l")
         assert after.ok and int(after.stdout) < 32, (r, after)
+        assert sb.quiesce() is None
+    finally:
+        sb.close()
+
+
+# Run as root beside the agent, with the agent's own functions: the one-go SIGSTOP of the sandbox
+# user's processes is done by a child forked as that user, which a bomb holding the pids limit
+# refuses. Here that child never forks, as at the limit, and /proc reads are slow, as on a loaded
+# host (CI once ran a command into "Cannot fork" after a bomb was cleared that way).
+BOMB_WITHOUT_STOPPER = """
+import subprocess, sys, time
+sys.path.insert(0, %(dir)r)
+import agent
+agent.Session.uid, agent.Session.gid, agent.Session.pids_limit = %(uid)d, %(gid)d, %(limit)d
+agent.signal_as_user = lambda sig: False
+scan = agent.user_processes
+def slow_scan():
+    found = scan()
+    time.sleep(0.05)
+    return found
+def states():
+    found = {}
+    for pid in scan():
+        try:
+            raw = open("/proc/%%d/stat" %% pid, "rb").read()
+            found[pid] = raw[raw.rindex(b")") + 2:].split()[0].decode()
+        except (OSError, ValueError):
+            pass
+    return found
+subprocess.Popen(["bash", "-c", "b(){ b | b & }; b"], user=%(uid)d, group=%(gid)d,
+                 extra_groups=[], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+end, peak = time.monotonic() + 10, 0
+while peak < %(limit)d - 4 and time.monotonic() < end:
+    time.sleep(0.01)
+    peak = max(peak, agent.pids_in_use())
+resume = agent.stop_every_user_process()
+first = states()
+time.sleep(0.2)
+second = states()
+running = sum(1 for s in second.values() if s not in "Tt")
+if resume is not None:
+    resume()
+agent.user_processes = slow_scan
+killed = agent.kill_until_gone(list)
+time.sleep(0.5)
+print(peak, int(resume is not None), running, int(set(first) == set(second)), killed,
+      len(scan()), agent.pids_in_use())
+"""
+
+
+def test_a_bomb_at_the_pids_limit_is_stopped_and_killed_when_no_child_can_be_forked(
+    backend_docker: DockerBackend, base_image: str
+) -> None:
+    limit = 64
+    sb = backend_docker.create(SandboxSpec(image=base_image, pids=limit))
+    try:
+        uid, gid = sb.user_ids
+        script = BOMB_WITHOUT_STOPPER % {"dir": AGENT_DIR, "uid": uid, "gid": gid, "limit": limit}
+        code, out = sb.container.exec_run(["python3", "-B", "-c", script], user="root")
+        assert code == 0, out.decode(errors="replace")
+        peak, stopped, running, same, killed, left, in_use = (int(x) for x in out.split()[-7:])
+        assert peak >= limit - 4, f"the bomb never reached the pids limit ({peak} of {limit}): nothing was tested"
+        assert stopped, "nothing stopped the bomb in one go without a forked child"
+        assert running == 0 and same, f"{running} bomb processes ran on (or were born) while it was stopped"
+        assert killed > 0
+        assert left == 0, f"{left} bomb processes outlived kill_until_gone"
+        assert in_use < limit // 4, in_use
+        _still_ours(sb)  # the agent itself was stopped and continued with the rest
         assert sb.quiesce() is None
     finally:
         sb.close()
