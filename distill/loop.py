@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import torch
 from distill.advantages import CellStats, token_advantages
 from distill.routing import ContextsOf, score_samples, student_contexts
 from distill.types import DistillConfig, DistillConfigError, MOPDConfig
-from learner.advantages import group_advantages
+from learner.advantages import group_advantages, shaped_reward
 from learner.loop import NullReporter, Reporter, TrainLoop
 from learner.model import PolicyModel
 from learner.types import AdvantageConfig, TrainItem
@@ -48,7 +48,10 @@ class MOPDAdvantages:
     ``teachers``: a scorer over the grid's cells (``teachers.grid.build_scorer``).
     ``contexts_of``: a trajectory's teacher contexts (``trajectory_contexts`` bound
     to the student's tokenizer). ``outcome``: the estimator of ``A_outcome``
-    (used when ``cfg.alpha > 0``). ``history`` keeps each call's metrics.
+    (used when ``cfg.alpha > 0``), over rewards shaped as the RL step shapes
+    them: ``shaping`` holds ``items_from_groups``'s keyword arguments for the
+    effort rule (``EffortShaping.kwargs()``), so an episode over ``tau * b0``
+    counts -1 in the outcome term too. ``history`` keeps each call's metrics.
     ``bf16``: score the student under bf16 autocast, as the trainer's forward
     runs (``trainer.bf16``; None = on CUDA only). On the H200 the fp32 scoring
     forward took 3.39 s of a 4.45 s MOPD step against 0.42 s under autocast
@@ -60,9 +63,10 @@ class MOPDAdvantages:
     def __init__(
         self, cfg: MOPDConfig, teachers: TeacherScorer, contexts_of: ContextsOf, *,
         outcome: AdvantageConfig | None = None, reporter: Reporter | None = None, batch_tokens: int = 16384,
-        bf16: bool | None = None,
+        bf16: bool | None = None, shaping: Mapping[str, Callable[[Trajectory], Any]] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.shaping = dict(shaping or {})
         self.teachers = teachers
         self.contexts_of = contexts_of
         self.outcome = outcome or AdvantageConfig()
@@ -84,7 +88,8 @@ class MOPDAdvantages:
         trajs = [t for g in groups for t in g]
         outcome: dict[str, float] = {}
         if self.cfg.alpha > 0:
-            for group, adv_G in zip(groups, group_advantages([[float(t.reward) for t in g] for g in groups], self.outcome)):
+            rewards = [[shaped_reward(t, self.outcome, **self.shaping) for t in g] for g in groups]
+            for group, adv_G in zip(groups, group_advantages(rewards, self.outcome)):
                 outcome.update({t.episode_id: a for t, a in zip(group, adv_G)})
         scored = score_samples(trajs, self.contexts_of, self.teachers, self.student_scorer(model))
         by_cell: dict[str, CellStats] = defaultdict(CellStats)
@@ -175,6 +180,7 @@ def run_distill(
         provider = MOPDAdvantages(
             cfg.distill, teachers, contexts, outcome=cfg.rl.advantage,
             reporter=reporter, batch_tokens=grid.batch_tokens, bf16=cfg.trainer.bf16,
+            shaping=loop.effort.kwargs() if loop.effort is not None else None,  # the effort reward, as RL's
         )
         loop.advantages = provider
         summary = asyncio.run(loop.run())

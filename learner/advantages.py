@@ -157,6 +157,26 @@ def _response_tokens(t: Trajectory) -> int:
     return sum(s.num_sampled for s in t.samples)
 
 
+def shaped_reward(
+    t: Trajectory,
+    cfg: AdvantageConfig,
+    *,
+    budget_of: Callable[[Trajectory], int | None] | None = None,
+    tokens_of: Callable[[Trajectory], int] = _response_tokens,
+    tau_of: Callable[[Trajectory], float] | None = None,
+) -> float:
+    """The trajectory's reward as the advantage sees it: the verifier's, then the effort rule
+    (``-1`` over ``tau * b0``) and the overlong penalty where configured (arguments as
+    ``items_from_groups``'s). The RL step and MOPD's outcome term both shape through here."""
+    r = float(t.reward)
+    tau = tau_of(t) if tau_of is not None else cfg.effort_tau
+    if budget_of is not None and tau is not None:
+        r = effort_override(r, tokens_of(t), budget_of(t), tau)
+    if cfg.overlong_max_len is not None:
+        r += overlong_penalty(tokens_of(t), cfg.overlong_max_len, cfg.overlong_cache_len)
+    return r
+
+
 def items_from_groups(
     groups: Sequence[Sequence[Trajectory]],
     cfg: AdvantageConfig,
@@ -176,15 +196,7 @@ def items_from_groups(
     shaped: list[list[float]] = []
     kept: list[Sequence[Trajectory]] = []
     for group in groups:
-        rewards = []
-        for t in group:
-            r = float(t.reward)
-            tau = tau_of(t) if tau_of is not None else cfg.effort_tau
-            if budget_of is not None and tau is not None:
-                r = effort_override(r, tokens_of(t), budget_of(t), tau)
-            if cfg.overlong_max_len is not None:
-                r += overlong_penalty(tokens_of(t), cfg.overlong_max_len, cfg.overlong_cache_len)
-            rewards.append(r)
+        rewards = [shaped_reward(t, cfg, budget_of=budget_of, tokens_of=tokens_of, tau_of=tau_of) for t in group]
         if cfg.dynamic_sampling and not dynamic_sampling_keep(rewards):
             continue
         shaped.append(rewards)

@@ -111,6 +111,30 @@ def test_the_outcome_term_is_group_normalised_and_weighted(tok: object) -> None:
         assert sampled == {round(0.5 * (0.866 if r else -0.866), 4)} or sampled == pytest.approx({0.5 * (0.8660 if r else -0.8660)}, abs=1e-3)
 
 
+def test_the_outcome_term_takes_the_effort_reward_as_the_rl_step_does(tok: object) -> None:
+    """An episode over ``tau * b0`` counts -1 in ``A_outcome``, exactly as in ``items_from_groups``."""
+    from learner.advantages import items_from_groups
+    from learner.effort import EffortShaping
+    from learner.types import AdvantageConfig
+
+    fakes = {c: ConstantScorer(-0.7) for c in CELLS}  # the MOPD term is 0: only the outcome term is left
+    long, short = (60, 61, 62, 63, 64, 65), (60, 61)
+    group = [trajectory(tok, f"ep{i}", "general", "low", reward=1.0, responses=(resp,))
+             for i, resp in enumerate((short, long, short, long))]
+    shaping = EffortShaping({group[0].task_id: 4}, {"low": 1.0})  # limit 4 tokens: the long ones are over
+    provider = MOPDAdvantages(MOPDConfig(teachers="unused", alpha=1.0, student_logprobs="rollout"),
+                              RoutingScorer(fakes), contexts_of(tok), shaping=shaping.kwargs())
+    items, _ = provider([group], model=None)  # type: ignore[arg-type]
+    rl_items = items_from_groups([group], AdvantageConfig(), **shaping.kwargs())
+    for item, rl_item, resp in zip(items, rl_items, (short, long, short, long)):
+        sampled = {round(a, 6) for a, k in zip(item.advantage, item.loss_mask) if k}  # type: ignore[arg-type]
+        assert sampled == {round(float(rl_item.advantage), 6)}  # type: ignore[arg-type]
+        assert (rl_item.advantage > 0) == (resp is short)  # type: ignore[operator]  # all passed; the long ones pay -1
+    unshaped, _ = MOPDAdvantages(MOPDConfig(teachers="unused", alpha=1.0, student_logprobs="rollout"),
+                                 RoutingScorer(fakes), contexts_of(tok))([group], model=None)  # type: ignore[arg-type]
+    assert max(abs(a) for item in unshaped for a in item.advantage) < 1e-6  # type: ignore[union-attr]  # same rewards: no signal
+
+
 def test_the_same_context_ablation_gives_the_teacher_the_students_own_prompt(tok: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """``teacher_context: student``: the teacher scores the sample as sampled, effort message included."""
     from types import SimpleNamespace
