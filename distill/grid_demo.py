@@ -9,7 +9,8 @@ From one shared warm start::
     baseline    multi-task RL with the effort reward from the same warm start, on the same
                 sandbox-episode budget (iterations x groups x group size) as the student
     cells       held-out evaluation per cell (domain x effort) of the student with the effort
-                message, the student without it (the ablation) and the baseline; the shared
+                message, the student without it and without the level's thinking cap (the
+                ablation: no effort signal at all) and the baseline; the shared
                 init and the teachers are the recipe's own evaluations of each cell (the same
                 held-out seeds, harnesses and caps; ``teachers.train.evaluate_with_tokens``)
     report      per cell: pass rates, student / teacher, median sampled tokens per effort; the
@@ -219,6 +220,18 @@ def _baseline(cfg: GridDemoConfig, tcfg: Any, teachers: Mapping[str, Any], repor
     return {**summary, "final_weights": _final_weights(summary, tc.run_dir())}
 
 
+def model_requests(requests: Sequence[Any], run_id: str, name: str, show_effort: bool) -> list[Any]:
+    """The cells' held-out requests for the model ``name``: its own episode ids, the effort message shown or not.
+
+    Without the message the level's thinking cap goes too (the ablation): a cap tells the level by another
+    channel (attempt 5's ablation kept them, and low's 4 thinking tokens alone kept low the shortest), so
+    with it the ablation could not show what the message itself does.
+    """
+    return [dataclasses.replace(r, show_effort=show_effort, thinking_budget=r.thinking_budget if show_effort else None,
+                                episode_id=r.episode_id.replace(f"{run_id}/", f"{run_id}/{name}/", 1))
+            for r in requests]
+
+
 async def _evaluate_cells(
     cfg: GridDemoConfig, tcfg: Any, teachers: Mapping[str, Any], plan: Sequence[tuple[str, str, bool]], reporter: Reporter,
 ) -> dict[str, dict[str, dict[str, float]]]:
@@ -254,8 +267,7 @@ async def _evaluate_cells(
         for version, (name, checkpoint, show) in enumerate(plan, start=1):
             lm, _ = load_checkpoint(checkpoint)
             await loop.runner.publish(version, lm.state_dict())
-            reqs = [dataclasses.replace(r, show_effort=show, episode_id=r.episode_id.replace(f"{loop.run_id}/", f"{loop.run_id}/{name}/", 1))
-                    for r in requests]
+            reqs = model_requests(requests, loop.run_id, name, show)
             reporter.phase(f"cells: {name} ({len(reqs)} held-out episodes)", len(reqs))
             trajs = await run_all(loop.runner, reqs, lambda req, t: reporter.advance(f"{req.task_id} {req.effort}: r={t.reward:.0f}"))
             by_cell: dict[str, list[Trajectory]] = defaultdict(list)

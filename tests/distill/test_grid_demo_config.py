@@ -37,3 +37,20 @@ def test_adapt_styles_reaches_the_adaptation_of_student_and_baseline_only(tmp_pa
 def test_adapt_styles_must_be_a_boolean(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"grid\.yaml: adapt_styles: "):
         _config(tmp_path, adapt_styles="sometimes")
+
+
+def test_the_ablation_drops_the_message_and_the_thinking_cap_and_nothing_else() -> None:
+    """A cap tells the level too (low's 4 thinking tokens): the ablation must take both away, the student keep both."""
+    from distill.grid_demo import model_requests
+    from rollout.episode import EpisodeRequest
+
+    requests = [EpisodeRequest(episode_id=f"run/cell-general-{e}-0", run_id="run", task_id="general/count_lines", seed=10000,
+                               harness="codex", effort=e, thinking_budget=cap, show_effort=True)
+                for e, cap in (("low", 4), ("high", 32), ("max", None))]
+    shown = model_requests(requests, "run", "student", True)
+    ablated = model_requests(requests, "run", "student_no_message", False)
+    assert [r.thinking_budget for r in shown] == [4, 32, None] and all(r.show_effort for r in shown)
+    assert [r.thinking_budget for r in ablated] == [None, None, None] and not any(r.show_effort for r in ablated)
+    assert [r.episode_id for r in ablated] == [f"run/student_no_message/cell-general-{e}-0" for e in ("low", "high", "max")]
+    for a, r in zip(ablated, requests):  # the same episodes otherwise: seeds, harnesses, levels
+        assert (a.task_id, a.seed, a.harness, a.effort) == (r.task_id, r.seed, r.harness, r.effort)
