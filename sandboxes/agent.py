@@ -176,9 +176,8 @@ def prefer_for_oom(pid):
         pass
 
 
-def user_processes():
-    """{pid: (ppid, start ticks, session id)} of every process of the sandbox user (zombies left out)."""
-    found = {}
+def user_stats():
+    """(pid, the fields of /proc/pid/stat after the name) of every process of the sandbox user."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -189,11 +188,12 @@ def user_processes():
                 raw = f.read()
         except OSError:
             continue  # exited meanwhile
-        rest = raw[raw.rindex(b")") + 2 :].split()  # comm may hold spaces and parentheses
-        if rest[0] == b"Z":
-            continue
-        found[int(name)] = (int(rest[1]), int(rest[19]), int(rest[3]))
-    return found
+        yield int(name), raw[raw.rindex(b")") + 2 :].split()  # comm may hold spaces and parentheses
+
+
+def user_processes():
+    """{pid: (ppid, start ticks, session id)} of every process of the sandbox user (zombies left out)."""
+    return {pid: (int(rest[1]), int(rest[19]), int(rest[3])) for pid, rest in user_stats() if rest[0] != b"Z"}
 
 
 PIDS_FILES = ("/sys/fs/cgroup/pids/pids.current", "/sys/fs/cgroup/pids.current")
@@ -373,19 +373,7 @@ def bomb_note(killed, whose):
 
 def user_zombies():
     """How many of the sandbox user's processes are dead and not yet reaped: their pids still count."""
-    count = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            if os.stat("/proc/" + name).st_uid != Session.uid:
-                continue
-            with open("/proc/%s/stat" % name, "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        count += raw[raw.rindex(b")") + 2 :].startswith(b"Z")
-    return count
+    return sum(rest[0] == b"Z" for _, rest in user_stats())
 
 
 def wait_for_reaping(end):
