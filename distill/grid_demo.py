@@ -202,8 +202,9 @@ def _student(cfg: GridDemoConfig, tcfg: Any, teachers: Mapping[str, Any], report
                          loss=cfg.student.loss, lr=cfg.student.lr, adapt=True)
     data["distill"] = {"teachers": str(Path(teachers["grid"]).resolve()), "clip": cfg.student.clip, "alpha": cfg.student.alpha}
     dc = DistillConfig.model_validate(data)
-    reporter.log(f"student: MOPD on {teachers['grid']} for {_episodes(dc)} episodes (the effort reward is not applied: "
-                 "the teachers' advantage replaces the outcome step; over_budget is logged)")
+    reporter.log(f"student: MOPD on {teachers['grid']} for {_episodes(dc)} episodes"
+                 + (f" + {cfg.student.alpha} x the outcome advantage, effort reward included" if cfg.student.alpha > 0
+                    else " (alpha 0: no outcome term, so no effort reward; over_budget is logged)"))
     summary = run_distill(dc, Path("."), reporter=reporter)
     return {**summary, "final_weights": _final_weights(summary, dc.run_dir())}
 
