@@ -376,11 +376,12 @@ def user_zombies():
     return sum(rest[0] == b"Z" for _, rest in user_stats())
 
 
-def wait_for_reaping(end):
+def wait_for_reaping(end, busy):
     """After a kill: wait, until ``end``, while the sandbox is at half its pids limit only because
     what was killed is not reaped yet (init reaps it; a loaded host takes its time), so that what
-    runs next can fork and is not taken for the bomb."""
-    while over_pids_half() and time.monotonic() < end and user_zombies():
+    runs next can fork and is not taken for the bomb. ``busy()`` true stops the wait: live
+    processes that make it more than zombies (a bomb regrown, or the running command's own)."""
+    while over_pids_half() and time.monotonic() < end and user_zombies() and not busy():
         time.sleep(0.005)
 
 
@@ -424,7 +425,7 @@ def clear_runaway_before():
     end = time.monotonic() + REAP_WAIT_S
     while True:
         killed = max(killed, kill_until_gone(list))
-        wait_for_reaping(end)
+        wait_for_reaping(end, lambda: bool(user_processes()))
         if not over_pids_half() or not user_processes() or time.monotonic() >= end:
             break  # else something outlived the kill (a bomb regrown): again
     return bomb_note(killed, "left running by earlier commands")
@@ -439,8 +440,11 @@ def watch_runaway(command, proc):
         return b""
     note = b""
     if over_pids_half() or leftovers_too_many(command.not_mine(user_processes())):
-        note = bomb_note(kill_until_gone(command.not_mine), "left running by earlier commands")
-        wait_for_reaping(time.monotonic() + REAP_WAIT_S)
+        killed = kill_until_gone(command.not_mine)
+        note = bomb_note(killed, "left running by earlier commands")
+        if killed:  # their zombies are no sign of this command: wait, unless it holds a quarter itself
+            wait_for_reaping(time.monotonic() + REAP_WAIT_S,
+                             lambda: leftovers_too_many(command.mine(user_processes())))
     if over_pids_half():
         note += bomb_note(kill_until_gone(command.mine), "this command started")
         try:
