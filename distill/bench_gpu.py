@@ -22,16 +22,19 @@ sampled (HF ``generate``, temperature 1, no top-k/top-p, from a bf16 copy of the
 student's weights). Teachers and student score the response positions; the
 teacher sees the student's own context (``teacher_context: student``).
 
-1. **Teacher scoring.** The same 9 teachers two ways, scoring the same requests
-   through ``teachers.scoring.RoutingScorer`` as ``teachers.grid.build_scorer``
-   would: ``lora``, one bf16 base and 9 ``peft`` adapters (r ``--lora-rank``,
-   all linear layers, random A and B so the cells differ) in one
-   ``LoRAScorer``; ``copies``, 9 bf16 copies with the same adapters merged,
-   one ``HFScorer`` each (the baseline). Tokens/s (real tokens, padding is
-   waste), GPU memory after loading and peak while scoring
-   (``torch.cuda.max_memory_allocated``, reset before each contender loads),
-   and the ratio lora / copies. A check that both are the same teachers: their
-   logprobs agree far more closely than two different cells' do.
+1. **Teacher scoring.** The same 9 teachers four ways, scoring the same
+   requests through ``teachers.scoring.RoutingScorer`` as
+   ``teachers.grid.build_scorer`` would: one bf16 base and 9 ``peft`` adapters
+   (r ``--lora-rank``, all linear layers, random A and B so the cells differ)
+   in one ``LoRAScorer`` (``LORA_KINDS``: ``lora``, merged per cell, the
+   default; ``lora_peft``, ``peft``'s forward with bf16 adapters;
+   ``lora_peft_fp32``, with the float32 adapters ``peft`` loads); ``copies``,
+   9 bf16 copies with the same adapters merged, one ``HFScorer`` each (the
+   baseline). Tokens/s (real tokens, padding is waste), GPU memory after
+   loading and peak while scoring (``torch.cuda.max_memory_allocated``, reset
+   before each contender loads), and the ratio lora / copies. A check that all
+   are the same teachers: their logprobs agree far more closely than two
+   different cells' do.
 2. **Learner MFU.** One student (fp32 weights, bf16 autocast) and one
    ``learner.trainer.Trainer`` with ``learner.bench_gpu``'s fast path on CUDA
    (8 packed 4096-token rows per micro-batch, ``packed_varlen`` attention,
@@ -60,15 +63,12 @@ position the LM head runs at (the scored ones, plus the one
 computes, not ``2 N`` a token. Every interval is read after
 ``torch.cuda.synchronize``.
 
-H200 readings (2026-12-03, docs/benchmarks.md): the learner part only; the
-run shared the host's 16 cores with a CPU sweep and was cut off at the
-session's device budget (377 s) after the last learner step, before the
-tables, so the rollout and teacher-scoring numbers were lost (``done`` now
-prints and writes each phase as it ends). Per step, mean of 3 after 2 warm-up:
-``rl`` 1.040 s (32.0% MFU); ``mopd`` 4.449 s = 3.390 scoring + 0.020 + 1.040
-training (9.5% with the forward counted: 22.5 points under RL); ``mopd_bf16``
-1.469 s = 0.423 + 0.015 + 1.032 (28.9% counted, 3.1 points under RL; the
-trainer step alone 32.2%).
+H200 readings (2026-12-03, docs/benchmarks.md, four runs): teacher scoring
+(run 4) copies 176,844 tokens/s, ``lora`` (merged) 0.873x at 0.505x the peak
+memory, ``lora_peft`` 0.596x, ``lora_peft_fp32`` 0.418x; learner MFU RL
+33.0-33.6%, ``mopd_bf16`` 2.6-5.3 points under it (``mopd`` fp32: ~23.5
+under); one iteration: rollout (HF ``generate``) 94.7% of the GPU-seconds,
+MOPD 1.03x an RL iteration.
 """
 
 from __future__ import annotations
@@ -105,6 +105,10 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 AGREE_FRACTION = 0.25  # lora vs copies must differ by < 1/4 of what two different cells do
 
 Clock = Callable[[], float]
+
+
+LORA_KINDS = {"lora": ("merge", "base"), "lora_peft": ("peft", "base"), "lora_peft_fp32": ("peft", None)}
+"""The LoRA contenders: ``LoRAScorer``'s (mode, adapter_dtype)."""
 
 
 class Stopwatch:
@@ -211,11 +215,13 @@ def make_adapters(base: torch.nn.Module, args: argparse.Namespace, where: Path) 
 
 def build_teachers(kind: str, base: torch.nn.Module, adapters: dict[str, str], args: argparse.Namespace,
                    device: torch.device) -> RoutingScorer:
-    """``lora``: the base (a copy) with every adapter in one ``LoRAScorer``; ``copies``: one merged model per cell."""
+    """``lora*``: the base (a copy) with every adapter in one ``LoRAScorer`` (``LORA_KINDS``); ``copies``: one merged model per cell."""
     from peft import PeftModel
 
-    if kind == "lora":
-        lora = LoRAScorer(copy.deepcopy(base).to(device), adapters, batch_tokens=args.batch_tokens, device=device)
+    if kind in LORA_KINDS:
+        mode, adapter_dtype = LORA_KINDS[kind]
+        lora = LoRAScorer(copy.deepcopy(base).to(device), adapters, batch_tokens=args.batch_tokens, device=device,
+                          mode=mode, adapter_dtype=adapter_dtype)
         return RoutingScorer({cell: lora for cell in CELLS})
     scorers = {}
     for cell in CELLS:
@@ -237,7 +243,7 @@ def teacher_scoring(cfg: Qwen2Config, requests: list[ScoreRequest], args: argpar
     logps: dict[str, list[ScoreResult]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_mopd_adapters_") as tmp:
         adapters = make_adapters(base, args, Path(tmp))
-        for kind in ("copies", "lora"):
+        for kind in ("copies", *LORA_KINDS):
             _free(device)
             scorer = build_teachers(kind, base, adapters, args, device)
             weights = _gib(device, False)
@@ -266,6 +272,9 @@ def teacher_scoring(cfg: Qwen2Config, requests: list[ScoreRequest], args: argpar
     agree["ok"] = agree["lora_vs_copies_mean"] < AGREE_FRACTION * agree["between_cells_mean"]
     out["agreement"] = agree
     out["flops_per_pass"] = flops
+    for kind in LORA_KINDS:
+        d = [abs(a - b) for x, y in zip(logps[kind], logps["copies"]) for a, b in zip(x.logprobs, y.logprobs)]
+        agree[f"{kind}_vs_copies_mean"] = sum(d) / len(d)
     out["ratio"] = {"tokens_per_s": out["lora"]["tokens_per_s"] / out["copies"]["tokens_per_s"]}
     if device.type == "cuda":
         out["ratio"] |= {"weights_mem": out["lora"]["weights_gib"] / out["copies"]["weights_gib"],
@@ -384,7 +393,7 @@ def run(args: argparse.Namespace, clock: Clock = time.perf_counter,
     learn = learner_steps(cfg, requests, teacher, args, device, watch)
     report("learner", learn)
 
-    mopd = learn["mopd"]
+    mopd = learn["mopd_bf16" if device.type == "cuda" else "mopd"]  # the scoring forward distill.loop runs on this device
     phases = {"rollout": roll["seconds"], "teacher_prefill": scoring["lora"]["pass_s"],
               "student_scoring": mopd["score_s"], "training": mopd["advantages_s"] + mopd["train_s"]}
     total = sum(phases.values())
@@ -424,8 +433,11 @@ def tables(r: dict[str, Any]) -> list[Any]:
     for col in ("teachers", "tokens/s", "scored/s", "s/pass", "MFU", "weights GiB", "peak GiB", "tokens/s vs copies",
                 "peak vs copies"):
         t1.add_column(col, justify="left" if col == "teachers" else "right")
-    for kind, label in (("copies", f"9 {r['teacher_dtype']} copies (baseline)"),
-                        ("lora", f"1 base + 9 LoRA r{s['lora_rank']}")):
+    labels = {"copies": f"9 {r['teacher_dtype']} copies (baseline)",
+              "lora": f"1 base + 9 LoRA r{s['lora_rank']}: merged per cell (LoRAScorer default)",
+              "lora_peft": f"1 base + 9 LoRA r{s['lora_rank']}: peft forward, adapters {r['teacher_dtype']}",
+              "lora_peft_fp32": f"1 base + 9 LoRA r{s['lora_rank']}: peft forward, adapters float32 (peft's load)"}
+    for kind, label in ((k, v) for k, v in labels.items() if k in s):
         x = s[kind]
         base = s["copies"]
         mem = "-" if x["peak_mem_gib"] is None else f"{x['peak_mem_gib'] / base['peak_mem_gib']:.3f}x"

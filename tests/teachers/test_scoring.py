@@ -154,6 +154,53 @@ def test_lora_adapters_differ_and_each_equals_its_merged_weights(tok: PreTrained
         scorer.score([ScoreRequest("agent/low", (1, 2), (1,))])
 
 
+
+def test_lora_adapters_take_the_base_dtype_unless_told_not_to(tok: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    # peft loads adapters in float32 over a bf16 base; every LoRA layer then casts its input (the H200's slow path)
+    paths = {"coding/low": _adapter(tok, tmp_path / "a", 1)}
+    reqs = _requests(3, len(tok), seed=5, cells=["coding/low"])
+    dtypes, scores = {}, {}
+    for mode in ("base", None):
+        scorer = LoRAScorer(tiny_model(seed=1, tokenizer=tok)[0].to(torch.bfloat16), paths, batch_tokens=128,
+                            mode="peft", adapter_dtype=mode)
+        dtypes[mode] = {p.dtype for n, p in scorer.peft_model.named_parameters() if "lora_" in n}
+        scores[mode] = scorer.score(reqs)
+    assert dtypes == {"base": {torch.bfloat16}, None: {torch.float32}}
+    diffs = [abs(a - b) for x, y in zip(scores["base"], scores[None]) for a, b in zip(x.logprobs, y.logprobs)]
+    assert max(diffs) < 0.1  # the same teacher, to bf16 rounding
+    with pytest.raises(ScoringError, match="adapter_dtype: expected 'base' or None, got 'fp16'"):
+        LoRAScorer(tiny_model(seed=1, tokenizer=tok)[0], paths, adapter_dtype="fp16")
+    with pytest.raises(ScoringError, match="mode: expected 'merge' or 'peft', got 'fused'"):
+        LoRAScorer(tiny_model(seed=1, tokenizer=tok)[0], paths, mode="fused")
+
+
+def test_lora_merge_mode_scores_as_peft_does_and_leaves_the_base_pristine(tok: PreTrainedTokenizerBase,
+                                                                          tmp_path: Path) -> None:
+    paths = {"coding/low": _adapter(tok, tmp_path / "a", 1), "coding/max": _adapter(tok, tmp_path / "b", 2)}
+    reqs = _requests(4, len(tok), seed=6, cells=["coding/low", "coding/max"])
+    base = tiny_model(seed=1, tokenizer=tok)[0]
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    merge = LoRAScorer(base, paths, batch_tokens=128)
+    for _ in range(3):  # repeated switches: written from the pristine copy each time, no drift
+        got = merge.score(reqs)
+    after = merge._hf.model.state_dict()
+    assert set(after) == set(before) and all(torch.equal(after[k], before[k]) for k in before)
+    want = LoRAScorer(tiny_model(seed=1, tokenizer=tok)[0], paths, batch_tokens=128, mode="peft").score(reqs)
+    assert max(abs(a - b) for x, y in zip(got, want) for a, b in zip(x.logprobs, y.logprobs)) < 1e-4
+    plain = HFScorer(tiny_model(seed=1, tokenizer=tok)[0]).score(reqs)
+    assert max(abs(a - b) for x, y in zip(got, plain) for a, b in zip(x.logprobs, y.logprobs)) > 1e-2
+
+
+def test_lora_merge_mode_refuses_dora_and_names_the_cell(tok: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    path = tmp_path / "dora"
+    get_peft_model(tiny_model(seed=1, tokenizer=tok)[0], LoraConfig(r=4, target_modules=["q_proj"], use_dora=True,
+                                                                     init_lora_weights=False)).save_pretrained(str(path))
+    with pytest.raises(ScoringError, match=r"adapters\['agent/max'\].*not plain LoRA.*use mode='peft'"):
+        LoRAScorer(tiny_model(seed=1, tokenizer=tok)[0], {"agent/max": str(path)})
+    LoRAScorer(tiny_model(seed=1, tokenizer=tok)[0], {"agent/max": str(path)}, mode="peft")  # peft's forward takes it
+
 def _server(prompt_logprobs: list[object]) -> httpx.Client:
     def handle(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
