@@ -122,6 +122,12 @@ class GridDemoConfig(BaseModel):
         "max: + a check; effort.oracle_styles) instead of one plain style: a cold start that already ties the message "
         "to a length, as the K3 recipe's SFT does before MOPD; the same for student and baseline",
     )
+    adapt_moments: bool = Field(
+        default=True,
+        description="student and baseline start their Adam from the adaptation's moments (rl.continue_sft_optimizer), "
+        "as the experts and the quickstart do: a fresh Adam's first steps move every weight by about lr whatever the "
+        "signal's size (docs/training.md); attempts 1 to 6 ran without (false)",
+    )
     target_fraction: float = Field(default=TARGET_FRACTION, gt=0.0, le=1.0)
     student: StudentConfig = StudentConfig()
     baseline: BaselineConfig = BaselineConfig()
@@ -170,7 +176,8 @@ def _phase_config(cfg: GridDemoConfig, tcfg: Any, run: str, warm: str, budgets: 
     effort = {"message": True, "budgets": str(budgets), "tau": {e: lv.tau for e, lv in tcfg.efforts.items()},
               "max_thinking_tokens": caps or None, "oracle_styles": adapt and cfg.adapt_styles}
     rl = RLConfig(iterations=cfg.budget.iterations, groups_per_iter=cfg.budget.groups_per_iter,
-                  updates_per_iter=cfg.budget.updates_per_iter, loss=loss, advantage=advantage or AdvantageConfig())
+                  updates_per_iter=cfg.budget.updates_per_iter, loss=loss, advantage=advantage or AdvantageConfig(),
+                  continue_sft_optimizer=adapt and cfg.adapt_moments and cfg.adapt.steps > 0)
     tc = tcfg.train_config(f"{cfg.name}-{run}", cfg.adapt if adapt else SFTConfig(episodes=0, steps=0), rl, levels, effort, trainer={"lr": lr},
                            source=f"{cfg.name}: {run}")
     data = tc.model_dump(mode="json", exclude_unset=True)  # what was set: rollout's unused defaults (seeds) are refused

@@ -34,6 +34,18 @@ def test_adapt_styles_reaches_the_adaptation_of_student_and_baseline_only(tmp_pa
         assert plain["effort"]["oracle_styles"] is False and plain["sft"]["episodes"] == 0
 
 
+@pytest.mark.parametrize("moments", [False, True])
+def test_adapt_moments_carry_the_adaptations_adam_into_both_runs(tmp_path: Path, moments: bool) -> None:
+    # attempt 6's student and baseline started MOPD / RL from a fresh Adam after the adaptation SFT
+    cfg, tcfg = _config(tmp_path, adapt_moments=moments)
+    for run in ("student", "baseline"):
+        adapted = _phase_config(cfg, tcfg, run, "warm", tmp_path / "b0.json", loss=LossConfig(), lr=1e-4, adapt=True)
+        assert adapted["rl"]["continue_sft_optimizer"] is moments
+        plain = _phase_config(cfg, tcfg, run, "warm", tmp_path / "b0.json", loss=LossConfig(), lr=1e-4)
+        assert plain["rl"]["continue_sft_optimizer"] is False  # no adaptation, no moments to carry
+    assert GridDemoConfig.model_fields["adapt_moments"].default is True
+
+
 def test_adapt_styles_must_be_a_boolean(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"grid\.yaml: adapt_styles: "):
         _config(tmp_path, adapt_styles="sometimes")
