@@ -145,11 +145,14 @@ class LoRAScorer:
     ``mode``:
 
     - ``"merge"`` (default): before a cell's batch, every adapted weight is
-      written as ``pristine + B A * scale`` (summed in float32, rounded once),
-      so the forward is a plain model's; the pristine weights are restored
-      after each ``score``. Exact (no drift from merging and unmerging) and as
-      fast as separate copies, for one model plus one copy of the adapted
-      weights. Plain LoRA only: DoRA, LoRA biases and other variants are refused.
+      written as ``pristine + scale * B A`` (one ``addmm`` with A and B in the
+      weight's dtype: the product accumulated in float32 and added to the
+      pristine weight before one rounding), so the forward is a plain model's;
+      the pristine weights are written back after each ``score``. No drift
+      however often the cells switch (every write starts from the pristine
+      copy), nearly the speed of separate copies, for one model plus one copy
+      of the adapted weights. Plain LoRA only: DoRA, LoRA biases and other
+      variants are refused.
     - ``"peft"``: ``set_adapter`` per cell and ``peft``'s unmerged forward,
       one model's memory. ``adapter_dtype``: ``"base"`` (default) casts the
       LoRA weights to the base's floating dtype; ``None`` keeps what ``peft``
@@ -235,7 +238,7 @@ class LoRAScorer:
                 weight.copy_(pristine)
             elif getattr(module, "fan_in_fan_out", False):
                 weight.copy_((pristine.float() + module.get_delta_weight(name).float()).to(weight.dtype))
-            else:  # one kernel: pristine + scale * B @ A, accumulated in float32 and rounded once
+            else:  # one kernel: pristine + scale * B @ A, the product accumulated in float32, rounded once
                 lora_b, lora_a = module.lora_B[name].weight, module.lora_A[name].weight
                 torch.addmm(pristine, lora_b.to(weight.dtype), lora_a.to(weight.dtype), alpha=module.scaling[name],
                             out=weight.data)
