@@ -265,21 +265,23 @@ def teacher_scoring(cfg: Qwen2Config, requests: list[ScoreRequest], args: argpar
             del scorer
     del base
     _free(device)
-    diffs = [abs(a - b) for x, y in zip(logps["lora"], logps["copies"]) for a, b in zip(x.logprobs, y.logprobs)]
-    cells = [abs(a - b) for x, y in zip(logps["copies"], other) for a, b in zip(x.logprobs, y.logprobs)]
-    agree = {"lora_vs_copies_mean": sum(diffs) / len(diffs), "lora_vs_copies_max": max(diffs),
-             "between_cells_mean": sum(cells) / len(cells)}
+    diffs = {kind: _abs_diffs(logps[kind], logps["copies"]) for kind in LORA_KINDS}
+    cells = _abs_diffs(logps["copies"], other)
+    agree = {f"{kind}_vs_copies_mean": sum(d) / len(d) for kind, d in diffs.items()}
+    agree |= {"lora_vs_copies_max": max(diffs["lora"]), "between_cells_mean": sum(cells) / len(cells)}
     agree["ok"] = agree["lora_vs_copies_mean"] < AGREE_FRACTION * agree["between_cells_mean"]
     out["agreement"] = agree
     out["flops_per_pass"] = flops
-    for kind in LORA_KINDS:
-        d = [abs(a - b) for x, y in zip(logps[kind], logps["copies"]) for a, b in zip(x.logprobs, y.logprobs)]
-        agree[f"{kind}_vs_copies_mean"] = sum(d) / len(d)
     out["ratio"] = {"tokens_per_s": out["lora"]["tokens_per_s"] / out["copies"]["tokens_per_s"]}
     if device.type == "cuda":
         out["ratio"] |= {"weights_mem": out["lora"]["weights_gib"] / out["copies"]["weights_gib"],
                          "peak_mem": out["lora"]["peak_mem_gib"] / out["copies"]["peak_mem_gib"]}
     return out, logps["lora"]
+
+
+def _abs_diffs(xs: Sequence[ScoreResult], ys: Sequence[ScoreResult]) -> list[float]:
+    """|a - b| for every scored position of two scorers' results on the same requests."""
+    return [abs(a - b) for x, y in zip(xs, ys) for a, b in zip(x.logprobs, y.logprobs)]
 
 
 # ---------------------------------------------------------------- 2. learner steps: RL vs MOPD
