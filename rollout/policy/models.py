@@ -80,7 +80,7 @@ def tiny_config(
     176 examples): with full attention, or one full and one local layer, the
     word was still at chance after 1000 steps; with both layers local
     (window 48 or 64) it was read right on every held-out prompt after
-    300-500 steps (docs/training.md).
+    300-500 steps (dev/LOG.md).
     """
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
