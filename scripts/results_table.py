@@ -1,7 +1,7 @@
-"""Render the README's results table from docs/results.json.
+"""Render the README's results table (and docs/training.md's seed table) from docs/results.json.
 
-    python scripts/results_table.py            # rewrite the table between the README's markers
-    python scripts/results_table.py --check    # exit 1 if the README's table is not the rendering
+    python scripts/results_table.py            # rewrite the tables between their markers
+    python scripts/results_table.py --check    # exit 1 if a table is not the rendering
 
 The README shows every headline number exactly once, in this table, and the table is generated, so
 two sections can never give two results for the same run. To record a new result, edit
@@ -19,6 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results.json"
 README = ROOT / "README.md"
+TRAINING = ROOT / "docs" / "training.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
@@ -90,6 +91,23 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_seeds(results: dict[str, Any]) -> str:
+    """docs/training.md's per-seed table of the main job."""
+    lines = ["| seed | sampled: warm start -> 5 -> 10 | greedy: warm start -> 5 -> 10 | wall |", "| --- | --- | --- | --- |"]
+    for seed, v in results["main_job"]["seeds"].items():
+        curves = []
+        for kind in ("sampled", "greedy"):
+            *first, last = (f"{x:.2f}" for x in v[kind])
+            curves.append(f"{' -> '.join(first)} -> **{last}** (+{v['gain_points'][kind]:.1f})")
+        lines.append(f"| {seed} | {curves[0]} | {curves[1]} | {v['wall_s']} s |")
+    return "\n".join(lines)
+
+
+def targets(results: dict[str, Any]) -> list[tuple[Path, str]]:
+    """Each generated file with its table."""
+    return [(README, render(results)), (TRAINING, render_seeds(results))]
+
+
 def splice(readme: str, table: str) -> str:
     """``readme`` with the text between the markers replaced by ``table``."""
     head, rest = readme.split(START, 1)
@@ -99,18 +117,20 @@ def splice(readme: str, table: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if README.md's table differs from the rendering")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a table differs from its rendering")
     args = parser.parse_args(argv)
-    table = render(json.loads(RESULTS.read_text()))
-    text = README.read_text()
-    want = splice(text, table)
-    if args.check:
+    stale = []
+    for path, table in targets(json.loads(RESULTS.read_text())):
+        text = path.read_text()
+        want = splice(text, table)
         if want != text:
-            print("README.md's results table differs from docs/results.json: run python scripts/results_table.py")
-            return 1
-        print("README.md's results table matches docs/results.json")
-        return 0
-    README.write_text(want)
+            stale.append(path.relative_to(ROOT))
+            if not args.check:
+                path.write_text(want)
+    if args.check:
+        for path in stale:
+            print(f"{path}: its results table differs from docs/results.json: run python scripts/results_table.py")
+        return 1 if stale else 0
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The README's results table is the rendering of docs/results.json: one source for every headline number."""
+"""The README's results table (and docs/training.md's seed table) are renderings of docs/results.json: one source
+for every headline number."""
 
 from __future__ import annotations
 
@@ -24,9 +25,12 @@ def _script():  # noqa: ANN202 - a module
 
 def test_the_readme_table_is_the_rendering_of_results_json() -> None:
     rt = _script()
-    readme = (ROOT / "README.md").read_text()
-    table = rt.render(json.loads((ROOT / "docs" / "results.json").read_text()))
-    assert rt.splice(readme, table) == readme, "README.md's results table differs from docs/results.json: run python scripts/results_table.py"
+    results = json.loads((ROOT / "docs" / "results.json").read_text())
+    paths = [path for path, _ in rt.targets(results)]
+    assert paths == [ROOT / "README.md", ROOT / "docs" / "training.md"]
+    for path, table in rt.targets(results):
+        text = path.read_text()
+        assert rt.splice(text, table) == text, f"{path.name}: its results table differs from docs/results.json: run python scripts/results_table.py"
     assert rt.main(["--check"]) == 0
 
 
@@ -35,7 +39,10 @@ def test_a_changed_number_is_caught() -> None:
     results = json.loads((ROOT / "docs" / "results.json").read_text())
     readme = (ROOT / "README.md").read_text()
     results["rollout_bench"]["ratios"][0] = 1.23
+    results["main_job"]["seeds"]["0"]["wall_s"] = 1
     assert rt.splice(readme, rt.render(results)) != readme
+    training = (ROOT / "docs" / "training.md").read_text()
+    assert rt.splice(training, rt.render_seeds(results)) != training
 
 
 def test_the_readme_names_nothing_outside_the_repository() -> None:
