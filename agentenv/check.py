@@ -21,6 +21,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ def check_task(task: Task, backend: SandboxBackend, *, seeds: int = 3, source: s
     report.verdicts.append(verdict)
 
     for seed in range(seeds):
-        report.verdicts.append(_timed(f"oracle seed={seed}", lambda seed=seed: _check_oracle(task, backend, sandbox_spec, seed)))
+        report.verdicts.append(_timed(f"oracle seed={seed}", partial(_check_oracle, task, backend, sandbox_spec, seed)))
     return report
 
 

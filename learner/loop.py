@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import functools
 import hashlib
 import random
 import time
@@ -305,7 +306,8 @@ class TrainLoop:
         from rollout.runner import InProcessRunner
 
         # The rollout side's own copy: it changes only through publish(version, weights).
-        policy = HFPolicy(copy.deepcopy(self.model.lm).to(self.cfg.model.rollout_device), self.tokenizer,
+        rollout_lm: Any = copy.deepcopy(self.model.lm)  # transformers types .to() as unbound
+        policy = HFPolicy(rollout_lm.to(self.cfg.model.rollout_device), self.tokenizer,
                           name="train-policy", version=0, device=self.cfg.model.rollout_device)
         return InProcessRunner(
             policy, tokenizer=self.tokenizer, backend=rollout.backend, run_id=self.run_id, store=self.store,
@@ -445,7 +447,7 @@ class TrainLoop:
     def _submit(self, requests: Sequence[EpisodeRequest]) -> list[asyncio.Future[Trajectory | None]]:
         futures = [self.runner.submit(r) for r in requests]
         for req, fut in zip(requests, futures, strict=True):
-            fut.add_done_callback(lambda f, req=req: self._advance(req, f))
+            fut.add_done_callback(functools.partial(self._advance, req))
         return futures
 
     def _advance(self, req: EpisodeRequest, fut: asyncio.Future[Trajectory | None]) -> None:

@@ -268,7 +268,7 @@ def to_shareable(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     aliases: dict[str, str] = {}
     seen: dict[tuple[int, int, tuple[int, ...]], str] = {}
     for name, t in state.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        key = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(int(d) for d in t.shape))
         if key in seen:
             aliases[name] = seen[key]
             continue

@@ -294,8 +294,9 @@ def create_app(
                     try:
                         await asyncio.to_thread(policy.load_state_dict, state, version)
                     except Exception as exc:  # noqa: BLE001 - a failed copy leaves mixed weights: say so, serve nothing
-                        loaded["broken"] = f"loading {req.model_path!r} failed midway ({type(exc).__name__}: {exc})"
-                        raise _HTTPError(500, loaded["broken"], "server_error", "model_path") from exc
+                        broken = f"loading {req.model_path!r} failed midway ({type(exc).__name__}: {exc})"
+                        loaded["broken"] = broken
+                        raise _HTTPError(500, broken, "server_error", "model_path") from exc
                     pause_s = time.monotonic() - paused_at
             except TimeoutError as exc:
                 raise _HTTPError(503, f"drain_timeout_s: requests in flight did not finish within {req.drain_timeout_s}s; "

@@ -101,7 +101,7 @@ class Session:
     uid = None
     gid = None
     groups = ()
-    env = {}
+    env: dict = {}
     pids_limit = 0
     recv_seq = 0
     send_seq = 0

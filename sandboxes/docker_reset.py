@@ -250,7 +250,7 @@ class Resetter:
             for path in sorted(members):  # parents sort before their children
                 host = members[path]
                 ti = tar.gettarinfo(host, arcname=path.lstrip("/"))
-                ti.pax_headers.update(xattr_pax(host))
+                ti.pax_headers = {**ti.pax_headers, **xattr_pax(host)}
                 if ti.isreg():
                     with open(host, "rb") as f:
                         tar.addfile(ti, f)

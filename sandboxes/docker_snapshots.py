@@ -272,7 +272,7 @@ def _pack_upper(upper: str, paths: list[str], manifest: dict[str, Any], sandbox_
             if ti is None:
                 continue  # a socket: nothing a fresh sandbox could hold
             ti.uname = ti.gname = ""
-            ti.pax_headers.update(xattr_pax(host))
+            ti.pax_headers = {**ti.pax_headers, **xattr_pax(host)}
             if ti.isreg():
                 total += ti.size
                 if total > cap:

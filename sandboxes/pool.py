@@ -173,7 +173,7 @@ class SandboxPool:
         if applier is None or ref.kind is not SnapshotKind.FAST or ref.base_image != self.spec.image:
             for sb in sandboxes:
                 self.release(sb)
-            return self.backend.fork(ref, n)
+            return list(self.backend.fork(ref, n))
         with ThreadPoolExecutor(max_workers=min(n, 4)) as ex:
             futures = [ex.submit(applier, sb, ref) for sb in sandboxes]
             errors = [f.exception() for f in futures]

@@ -121,7 +121,7 @@ def is_test_file(name: str) -> bool:
     return base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py"
 
 
-def _returns(fn: ast.FunctionDef | ast.Lambda) -> list[ast.expr | None]:
+def _returns(fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> list[ast.expr | None]:
     """The values ``fn`` can return (``None`` for a bare return), not looking into nested scopes."""
     if isinstance(fn, ast.Lambda):
         return [fn.body]
@@ -136,7 +136,7 @@ def _returns(fn: ast.FunctionDef | ast.Lambda) -> list[ast.expr | None]:
     return out
 
 
-def _ignores_arguments(fn: ast.FunctionDef | ast.Lambda) -> bool:
+def _ignores_arguments(fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> bool:
     """Every return of ``fn`` is an expression that uses none of its arguments (``return True``, ``return 1 == 1``)."""
     args = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs, fn.args.vararg, fn.args.kwarg] if a}
     values = _returns(fn)
@@ -255,7 +255,7 @@ class _Scanner(ast.NodeVisitor):
                         self._equality(item.value, target.id, builtin_base)
         self.generic_visit(node)
 
-    def _equality(self, fn: ast.FunctionDef | ast.Lambda, name: str, builtin_base: bool) -> None:
+    def _equality(self, fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, name: str, builtin_base: bool) -> None:
         if not _ignores_arguments(fn):
             return
         cheat = name == "__eq__"  # an __eq__ that says True, an __ne__ that says False

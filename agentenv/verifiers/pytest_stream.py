@@ -47,6 +47,8 @@ import json
 import os
 import sys
 import types
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -132,7 +134,7 @@ _CALLABLE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, pr
 _OURS = ("_pytest", "pytest", "pluggy", "unittest")
 
 
-def _pins(obj: object) -> tuple:
+def _pins(obj: Any) -> tuple:
     """What fixes the behaviour of ``obj``: itself and, for each Python function in it, its code and defaults."""
     if _isinstance(obj, property):
         inner: tuple = (obj.fget, obj.fset, obj.fdel)
@@ -147,7 +149,7 @@ def _pins(obj: object) -> tuple:
     return _tuple(out)
 
 
-def _members(namespace: dict, names: tuple = ()) -> dict:
+def _members(namespace: Mapping[str, Any], names: tuple = ()) -> dict:
     """name -> pins of every function, descriptor or class in a module or class namespace (or of just ``names``)."""
     if names:
         return {n: _pins(namespace.get(n)) for n in names}
@@ -175,7 +177,7 @@ def _intact(namespace: dict, names: tuple, recorded: dict, size: int) -> bool:
     return True
 
 
-def _codes(code: object, into: set) -> None:
+def _codes(code: Any, into: set) -> None:
     """``code`` and every code object nested in it (its functions, lambdas, comprehensions), by id."""
     if _isinstance(code, types.CodeType) and id(code) not in into:
         into.add(id(code))
@@ -184,7 +186,7 @@ def _codes(code: object, into: set) -> None:
 
 
 def _code_file(fn: object) -> str:
-    code = _getattr(_getattr(fn, "__func__", fn), "__code__", None)
+    code: Any = _getattr(_getattr(fn, "__func__", fn), "__code__", None)
     return code.co_filename if _isinstance(code, types.CodeType) else ""
 
 
@@ -226,7 +228,7 @@ class _Guard:
         self.manager: object = None
         self.reported: set = set()
 
-    def _add(self, label: str, namespace: dict, names: tuple = (), owner: type | None = None) -> None:
+    def _add(self, label: str, namespace: Mapping[str, Any], names: tuple = (), owner: type | None = None) -> None:
         recorded = _members(namespace, names)
         self.spaces.append([label, namespace, names, recorded, owner, _len(namespace), frozenset(recorded)])
 
@@ -252,7 +254,7 @@ class _Guard:
         return bool(functions) and all(id(f.__code__) in self.known and id(f.__globals__) in self.known_globals
                                        for f in functions)
 
-    def _hook_ok(self, fn: object) -> bool:
+    def _hook_ok(self, fn: Any) -> bool:
         """A hook implementation registered after this plugin: pytest's own, this plugin's, or the hidden tests'."""
         fn = _getattr(fn, "__func__", fn)
         if _isinstance(fn, types.FunctionType) and id(fn.__code__) in self.known:

@@ -84,10 +84,10 @@ def check_lock(store: Any, cfg: SweepConfig, identities: Mapping[str, dict[str, 
 
     from rollout.store import RunRow
 
-    new = {"eval_sweep": 1, "locked": cfg.locked(), "policies": {k: dict(v) for k, v in identities.items()}}
+    new: dict[str, Any] = {"eval_sweep": 1, "locked": cfg.locked(), "policies": {k: dict(v) for k, v in identities.items()}}
     with store.engine.connect() as conn:
         row = conn.execute(select(RunRow.config).where(RunRow.run_id == cfg.sweep_id)).first()
-    old = dict(row[0]) if row is not None and row[0] else None
+    old: dict[str, Any] | None = dict(row[0]) if row is not None and row[0] else None
     if old is not None and not resume and stored_ids(store, cfg.sweep_id):
         raise ResumeRefused(
             f"sweep_id: {cfg.sweep_id!r} already has stored episodes in {cfg.store}; "

@@ -52,7 +52,7 @@ def effort_frontier(results: Iterable[EpisodeResult]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[EpisodeResult]] = defaultdict(list)
     for r in results:
         groups[(r.policy, r.effort)].append(r)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for (policy, effort), rs in sorted(groups.items()):
         s = score(rs, resamples=200)
         tokens = _mean([float(r.prompt_tokens + r.completion_tokens + r.thinking_tokens) for r in rs])
@@ -61,10 +61,10 @@ def effort_frontier(results: Iterable[EpisodeResult]) -> list[dict[str, Any]]:
                      "thinking_tokens": _mean([float(r.thinking_tokens) for r in rs]),
                      "pass_rate": s.pass_rate, "n": s.n, "infrastructure": s.infrastructure, "invalid": s.invalid})
     for policy in {r["policy"] for r in rows}:
-        mine = [r for r in rows if r["policy"] == policy]
-        front = set(pareto_frontier([(r["effort"], r["tokens"], r["pass_rate"]) for r in mine]))
-        for r in mine:
-            r["frontier"] = r["effort"] in front
+        mine = [row for row in rows if row["policy"] == policy]
+        front = set(pareto_frontier([(row["effort"], row["tokens"], row["pass_rate"]) for row in mine]))
+        for row in mine:
+            row["frontier"] = row["effort"] in front
     return rows
 
 
@@ -162,7 +162,7 @@ def report_md(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _heatmap(ax: Any, rows: list[str], cols: list[str], values: dict[tuple[str, str], float], title: str) -> None:
+def _heatmap(ax: Any, rows: list[str], cols: list[str], values: dict[Any, float], title: str) -> None:
     import numpy as np
 
     grid = np.array([[values.get((r, c), float("nan")) for c in cols] for r in rows], dtype=float)

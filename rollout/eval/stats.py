@@ -297,7 +297,7 @@ def compare(
 def pareto_frontier(points: Sequence[tuple[str, float, float]]) -> list[str]:
     """Labels of the points (label, cost, score) that no other point beats on both: cheaper-or-equal
     cost with a higher score, or lower cost with an equal-or-higher score. Ordered by cost."""
-    front = []
+    front: list[tuple[str, float]] = []
     for label, cost, sc in sorted(points, key=lambda p: (p[1], -p[2])):
         if math.isnan(sc):
             continue

@@ -249,8 +249,8 @@ class Session:
         turn_index = len(thread.history)
         thread.history.append(assistant)
         thread.turn_ids[turn_index] = reply.ids()
-        for i in reply.ids():
-            self._known[i] = thread.index
+        for call_id in reply.ids():
+            self._known[call_id] = thread.index
         record = CallRecord(
             index=len(self.calls), api=conv.api, thread=thread.index, prompt_ids=tuple(prompt_ids),
             completion_ids=tuple(ids), logprobs=tuple(lps), mask=tuple(mask), policy_version=gen.policy_version,

@@ -132,16 +132,19 @@ def read_anthropic(body: Mapping[str, Any]) -> Conversation:
                     if pending:
                         messages.append({"role": "user", "content": "".join(pending)})
                         pending = []
-                    text = _text_of(block.get("content"), f"{where}[{j}].content")
+                    result = _text_of(block.get("content"), f"{where}[{j}].content")
                     if block.get("is_error"):
-                        text = f"[error] {text}"
-                    messages.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": text})
+                        result = f"[error] {result}"
+                    messages.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": result})
                 else:
                     pending.append(_text_of([block], f"{where}[{j}]"))
             if pending:
                 messages.append({"role": "user", "content": "".join(pending)})
         elif role == "assistant":
-            text, reasoning, calls, ids = [], [], [], set()
+            text: list[str] = []
+            reasoning: list[str] = []
+            calls: list[dict[str, Any]] = []
+            ids: set[str] = set()
             blocks = [{"type": "text", "text": content}] if isinstance(content, str) else _list(content, where)
             for j, block in enumerate(blocks):
                 block = _obj(block, f"{where}[{j}]")
@@ -272,7 +275,7 @@ def read_chat(body: Mapping[str, Any]) -> Conversation:
         elif role == "tool":
             messages.append({"role": "tool", "tool_call_id": str(msg.get("tool_call_id", "")), "content": _text_of(msg.get("content"), where)})
         elif role == "assistant":
-            calls = []
+            calls: list[dict[str, Any]] = []
             for j, tc in enumerate(_list(msg.get("tool_calls") or [], f"messages[{i}].tool_calls")):
                 tc = _obj(tc, f"messages[{i}].tool_calls[{j}]")
                 fn = _obj(tc.get("function", {}), f"messages[{i}].tool_calls[{j}].function")
