@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from agentenv.configs import validation_problems
 from learner.errors import CheckpointMismatch, CheckpointNotFound
 
 __all__ = ["EngineState", "RunCheckpoints", "config_hash"]
@@ -133,9 +134,7 @@ class RunCheckpoints:
         try:
             return EngineState.model_validate_json((path / ENGINE_FILE).read_text())
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise CheckpointMismatch(f"{str(path / ENGINE_FILE)!r}: {where}: {first['msg']}") from None
+            raise CheckpointMismatch("\n  ".join(validation_problems(exc, source=repr(str(path / ENGINE_FILE))))) from None
 
     # ------------------------------------------------------------ the warm-started model
 

@@ -32,16 +32,14 @@ each learner step and carries unfinished episodes into the next iteration.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
-from typing import Literal
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
+from agentenv.configs import read_yaml, validate_config
 from learner.errors import LearnerConfigError
 from learner.types import AdvantageConfig, LossConfig, TrainerConfig
-from rollout.config import ConfigError, RolloutConfig
+from rollout.config import RolloutConfig
 
 __all__ = [
     "CheckpointConfig", "EffortConfig", "EvalConfig", "ModelConfig", "RLConfig", "SFTConfig", "TrainConfig", "load_train_config",
@@ -102,6 +100,16 @@ class RLConfig(_Model):
     partial_oversample: int = Field(default=2, ge=0, description="partial_rollouts: groups in flight beyond groups_per_iter")
     loss: LossConfig = LossConfig.dapo()
     advantage: AdvantageConfig = AdvantageConfig()
+
+    @field_validator("advantage")
+    @classmethod
+    def _one_tau(cls, v: AdvantageConfig) -> AdvantageConfig:
+        if v.effort_tau is not None:
+            raise LearnerConfigError(
+                f"effort_tau: {v.effort_tau} is not read here; the effort reward's factor has one home, effort.tau "
+                "(beside effort.budgets): move it there"
+            )
+        return v
 
 
 class EvalConfig(_Model):
@@ -258,11 +266,6 @@ class TrainConfig(_Model):
             if uncovered:
                 raise LearnerConfigError(f"effort.tau: no factor for effort level {uncovered[0]!r} of rollout.efforts.levels "
                                          f"{list(levels)}; give one per level, or one number")
-        if self.effort.tau is not None and self.rl.advantage.effort_tau is not None:
-            raise LearnerConfigError(
-                f"rl.advantage.effort_tau: {self.rl.advantage.effort_tau} conflicts with effort.tau: {self.effort.tau}; "
-                "give the effort reward's factor once, as effort.tau"
-            )
         if not self.effort.message and not levels:
             raise LearnerConfigError("effort.message: false hides an effort message, but rollout.efforts.levels is empty")
 
@@ -280,28 +283,18 @@ class TrainConfig(_Model):
 
 
 def load_train_config(path: str | Path, **overrides: Any) -> TrainConfig:
-    """Read and validate a YAML config; errors name the file and the field (``LearnerConfigError``, a ``ConfigError``)."""
-    source = Path(path)
-    try:
-        data = yaml.safe_load(source.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise LearnerConfigError(f"{source}: expected a readable YAML file, got {exc}") from exc
+    """Read and validate a YAML config; errors name the file and the field (``LearnerConfigError``, a ``ConfigError``).
+
+    ``overrides`` replace top-level fields when not None; ``seed`` re-seeds the whole run (``seed`` and ``model.seed``).
+    """
+    data = read_yaml(path, error=LearnerConfigError)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise LearnerConfigError(f"{path}: expected a mapping of config fields, got {type(data).__name__}")
     seed = overrides.pop("seed", None)
     data.update({k: v for k, v in overrides.items() if v is not None})
-    if not isinstance(data, dict):
-        raise LearnerConfigError(f"{source}: expected a mapping of config fields, got {type(data).__name__}")
     if seed is not None:  # one number re-seeds the run: model init, seed draws, sampling
         data["seed"] = seed
         data["model"] = {**(data.get("model") or {}), "seed": seed}
-    try:
-        return TrainConfig.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        error = (first.get("ctx") or {}).get("error")
-        msg = str(error) if error is not None else first["msg"]  # our own validators' messages name their fields
-        raise LearnerConfigError(f"{source.name}: {where + ': ' if where else ''}{msg}") from None
-    except LearnerConfigError as exc:
-        raise LearnerConfigError(f"{source.name}: {exc}") from None
-    except ConfigError as exc:  # a RolloutConfig validator's own error (rotation, efforts, ...)
-        raise LearnerConfigError(f"{source.name}: rollout: {exc}") from None
+    return validate_config(TrainConfig, data, source=str(path), error=LearnerConfigError)

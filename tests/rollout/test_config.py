@@ -43,7 +43,7 @@ def test_errors_name_the_file_and_field_path(tmp_path: Path) -> None:
 
 
 def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no such config file"):
+    with pytest.raises(ConfigError, match=r"nope.yaml: cannot read the config file \(no such file\)"):
         load_config(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("run_id: [unclosed\n")
