@@ -38,6 +38,7 @@ __all__ = [
     "RayConfig",
     "RetryConfig",
     "RolloutConfig",
+    "RolloutSettings",
     "SamplingConfig",
     "StalePolicy",
     "StalenessConfig",
@@ -204,21 +205,28 @@ class FleetConfig(_Model):
     ray: RayConfig = Field(default_factory=RayConfig)
 
 
-class RolloutConfig(FleetConfig):
-    """A whole rollout run: what to run (tasks, seeds, groups, harnesses, efforts, policy, sampling),
-    the fleet that runs it (``FleetConfig``'s fields) and the staleness bound. See ``docs/rollout.md``."""
+class RolloutSettings(FleetConfig):
+    """How episodes are drawn and run, in every config that runs them: a rollout job (``RolloutConfig``) and a
+    training or distill run's ``rollout:`` section. The tasks, G samples per group, harness rotation,
+    effort draws, sampling, the staleness bound K, fault budgets, and the fleet (``FleetConfig``'s fields)."""
 
-    run_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-    store: str = Field(default=DEFAULT_URL, description="SQLAlchemy URL of the trajectory store")
     tasks: TaskSelection = Field(default_factory=TaskSelection)
-    seeds: tuple[int, ...] = Field(default=(0,), min_length=1, description="variant seeds; an int n means 0..n-1")
     group_size: int = Field(default=4, ge=1, description="G samples per (task, seed) group")
     rotation: RotationPolicy = Field(default_factory=RotationPolicy)
     efforts: EffortDraw = Field(default_factory=EffortDraw)
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     retries: RetryConfig = Field(default_factory=RetryConfig)
+
+
+class RolloutConfig(RolloutSettings):
+    """A whole rollout job (``agentenv rollout``): ``RolloutSettings`` plus what a training run gives from its
+    own fields instead: the run id, the store, the variant seeds and the acting policy. See ``docs/rollout.md``."""
+
+    run_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    store: str = Field(default=DEFAULT_URL, description="SQLAlchemy URL of the trajectory store")
+    seeds: tuple[int, ...] = Field(default=(0,), min_length=1, description="variant seeds; an int n means 0..n-1")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
 
     @field_validator("seeds", mode="before")
     @classmethod
