@@ -21,6 +21,8 @@ Usage::
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,10 +30,10 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from agentenv.errors import ConfigError
+from agentenv.errors import ConfigError, did_you_mean
 
 __all__ = [
-    "ConfigError", "explain_error", "format_loc", "load_yaml_config", "raise_invalid", "read_yaml", "validate_config",
+    "ConfigError", "explain_error", "fields_at", "format_loc", "load_yaml_config", "raise_invalid", "read_yaml", "validate_config",
     "validation_problems",
 ]
 
@@ -57,28 +59,103 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def explain_error(err: Mapping[str, Any]) -> str:
+def explain_error(err: Mapping[str, Any], model: type[BaseModel] | None = None) -> str:
     """What one pydantic error says: a config validator's own message as it was written (it names its
-    fields), else pydantic's message and the value that arrived (``..., got 0``)."""
+    fields), else pydantic's message and the value that arrived (``..., got 0``); an unknown key gets
+    the nearest known one and the list of known ones when ``model`` (the validated model) is given."""
     own = (err.get("ctx") or {}).get("error")
     if own is not None:
         return str(own)
     msg = str(err["msg"])
+    if err.get("type") == "extra_forbidden" and model is not None and err["loc"]:
+        _, known = fields_at(model, tuple(err["loc"]))
+        if known:
+            return f"{msg}{did_you_mean(str(err['loc'][-1]), known)}; expected one of {', '.join(sorted(known))}"
     if err.get("type") in _NO_GOT or "input" not in err or isinstance(err["input"], (dict, BaseModel)):
         return msg
     return f"{msg}, got {_short(err['input'])}"
 
 
-def validation_problems(exc: ValidationError, *, source: str, prefix: str = "") -> list[str]:
-    """One line per error: ``source: field.path: why`` (no path for a whole-config validator's own message)."""
+def validation_problems(
+    exc: ValidationError, *, source: str, prefix: str = "", model: type[BaseModel] | None = None,
+) -> list[str]:
+    """One line per error: ``source: field.path: why`` (no path for a whole-config validator's own message).
+
+    ``model``: the model that was validated, for "did you mean" on unknown keys.
+    """
     lines = []
     for err in exc.errors():
-        why = explain_error(err)
+        why = explain_error(err, model)
         if not err["loc"] and not prefix and (err.get("ctx") or {}).get("error") is not None:
             lines.append(f"{source}: {why}")
         else:
             lines.append(f"{source}: {format_loc(err['loc'], prefix)}: {why}")
     return lines
+
+
+def fields_at(model: type[BaseModel], loc: tuple[Any, ...] | list[Any]) -> tuple[list[str], set[str] | None]:
+    """Follow ``loc`` through the model's annotations.
+
+    Returns the path to show (tags of discriminated unions dropped, since the
+    author never wrote them) and the field names of the last model reached
+    (for "did you mean" on unknown keys).
+    """
+    shown: list[str] = []
+    ann: Any = model
+    fields: set[str] | None = None
+    for i, part in enumerate(loc):
+        ann = _unwrap(ann, part)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            fields = set(ann.model_fields)
+            shown.append(str(part))
+            ann = ann.model_fields[part].annotation if part in ann.model_fields else None
+            if i == len(loc) - 1 and part not in (fields or set()):
+                shown.pop()  # the unknown key itself is named in the message
+            continue
+        origin = typing.get_origin(ann)
+        if origin in (list, tuple) and isinstance(part, int):
+            shown.append(str(part))
+            ann = typing.get_args(ann)[0]
+        elif origin is dict:
+            shown.append(str(part))
+            ann = typing.get_args(ann)[1]
+        elif _union_members(ann) and isinstance(part, str):
+            ann = _tagged_member(ann, part)  # a discriminator tag: not shown
+        else:
+            shown.append(str(part))
+            ann = None
+    return shown, fields
+
+
+def _unwrap(ann: Any, part: Any) -> Any:
+    """Strip ``Annotated`` and ``X | None`` so the walk sees the real container or model."""
+    while True:
+        if typing.get_origin(ann) is typing.Annotated:
+            ann = typing.get_args(ann)[0]
+            continue
+        members = _union_members(ann)
+        non_none = [m for m in members if m is not type(None)]
+        if members and len(non_none) == 1:
+            ann = non_none[0]
+            continue
+        return ann
+
+
+def _union_members(ann: Any) -> tuple[Any, ...]:
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):
+        return typing.get_args(ann)
+    return ()
+
+
+def _tagged_member(ann: Any, tag: str) -> Any:
+    """The member of a discriminated union whose tag field (``type:``, ``kind:`` ...) is ``tag``."""
+    for member in _union_members(ann):
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            for field in member.model_fields.values():
+                if field.default == tag or tag in (typing.get_args(field.annotation) if
+                                                   typing.get_origin(field.annotation) is typing.Literal else ()):
+                    return member
+    return None
 
 
 def raise_invalid(problems: list[str], error: type[Exception] = ConfigError) -> None:
@@ -115,7 +192,7 @@ def validate_config(
     try:
         return model.model_validate(dict(data))
     except ValidationError as exc:
-        raise_invalid(validation_problems(exc, source=source, prefix=prefix), error)
+        raise_invalid(validation_problems(exc, source=source, prefix=prefix, model=model), error)
     except ConfigError as exc:
         text = str(exc)
         raise error(text if text.startswith(f"{source}:") else f"{source}: {text}") from None

@@ -215,7 +215,7 @@ class TeacherTrainConfig(BaseModel):
         try:
             return TrainConfig.model_validate(data)
         except ValidationError as exc:
-            raise TeacherConfigError("\n  ".join(validation_problems(exc, source=source, prefix="base"))) from None
+            raise TeacherConfigError("\n  ".join(validation_problems(exc, source=source, prefix="base", model=TrainConfig))) from None
 
 
 def eval_row(trajs: Sequence[Trajectory], shaping: EffortShaping | None = None) -> dict[str, float]:
