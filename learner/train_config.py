@@ -142,7 +142,8 @@ class EffortConfig(_Model):
 
     ``budgets`` (a file from ``agentenv teachers budgets``: b0 per task) with
     ``tau`` turns on the effort reward in RL: ``-1 if T(y) > tau * b0(x) else
-    R_task``. ``tau`` is one number or one per effort level.
+    R_task``. ``tau`` is one number or one per effort level; it is the factor's one
+    home in a run's config (``rl.advantage.effort_tau`` is refused, naming it).
     ``max_thinking_tokens`` (one number or per level) closes the model's
     thinking after that many tokens per turn in every sampled episode (RL and
     evaluation). ``message: false`` renders prompts without the effort message

@@ -20,7 +20,11 @@ cells on the same endpoint and model share one ``EndpointScorer``.
 
 ``tau`` is the effort reward's length factor (``-1 if T(y) > tau * b0(x)``,
 ``learner.advantages.effort_override``); ``max_thinking_tokens`` an optional
-generation-time cap on thinking for that level.
+generation-time cap on thinking for that level. In a grid they record what each
+level's teachers were trained with (``agentenv teachers train`` writes them);
+a distill run's own ``effort.tau`` / ``effort.max_thinking_tokens``, when
+given, must agree with them (``distill.loop.check_effort_agrees``, an error
+naming both fields).
 """
 
 from __future__ import annotations
