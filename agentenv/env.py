@@ -95,15 +95,13 @@ def resolve_backend(backend: str | SandboxBackend) -> tuple[SandboxBackend, bool
     """The backend object and whether the caller now owns it (and must close it)."""
     if not isinstance(backend, str):
         return backend, False
-    if backend == "docker":
-        from sandboxes.docker_backend import DockerBackend
+    from sandboxes.backends import make_backend
+    from sandboxes.errors import UnknownBackend
 
-        return DockerBackend(), True
-    if backend == "local":
-        from sandboxes.local_backend import LocalBackend
-
-        return LocalBackend(), True
-    raise BackendNotFound(f"backend {backend!r} is not one of docker|local{did_you_mean(backend, ['docker', 'local'])}")
+    try:
+        return make_backend(backend), True
+    except UnknownBackend as exc:
+        raise BackendNotFound(str(exc)) from None
 
 
 def message_text(message: Mapping[str, Any]) -> str:

@@ -44,7 +44,12 @@ class HarnessNotFound(AgentEnvError, LookupError):
 
 
 class BackendNotFound(AgentEnvError, LookupError):
-    """A backend name that is neither ``docker`` nor ``local``."""
+    """A backend name that ``sandboxes.backends.make_backend`` does not know."""
+
+
+class ConfigError(AgentEnvError, ValueError):
+    """A config file or section is invalid; the message names the file, the field path, what was expected
+    and what arrived (``agentenv.configs``). Each package's own config error inherits it."""
 
 
 class SetupError(AgentEnvError, RuntimeError):
@@ -68,6 +73,7 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
 __all__ = [
     "AgentEnvError",
     "BackendNotFound",
+    "ConfigError",
     "EpisodeStateError",
     "HarnessNotFound",
     "OracleError",

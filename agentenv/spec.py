@@ -16,14 +16,13 @@ Usage::
 
 from __future__ import annotations
 
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from agentenv.configs import fields_at
 from agentenv.errors import TaskSpecError, did_you_mean
 from agentenv.types import TaskSpec, UnitTestsVerifierSpec
 
@@ -142,7 +141,7 @@ def _explain_body(err: Any, model: type[BaseModel]) -> str:
     loc: tuple[Any, ...] = tuple(err["loc"])
     kind: str = err["type"]
     ctx: dict[str, Any] = err.get("ctx") or {}
-    shown, fields = _walk(model, loc)
+    shown, fields = fields_at(model, loc)
     path = ".".join(shown)
     got = err.get("input")
     if kind == "extra_forbidden":
@@ -164,69 +163,6 @@ def _explain_body(err: Any, model: type[BaseModel]) -> str:
     if kind == "string_pattern_mismatch":
         return f"{path}: expected text matching {ctx.get('pattern')}, got {got!r}"
     return f"{path}: {err['msg'][0].lower() + err['msg'][1:]}, got {_short(got)}"
-
-
-def _walk(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[list[str], set[str] | None]:
-    """Follow ``loc`` through the model's annotations.
-
-    Returns the path to show (tags of discriminated unions dropped, since the
-    author never wrote them) and the field names of the last model reached
-    (for "did you mean" on unknown keys).
-    """
-    shown: list[str] = []
-    ann: Any = model
-    fields: set[str] | None = None
-    for i, part in enumerate(loc):
-        ann = _unwrap(ann, part)
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            fields = set(ann.model_fields)
-            shown.append(str(part))
-            ann = ann.model_fields[part].annotation if part in ann.model_fields else None
-            if i == len(loc) - 1 and part not in (fields or set()):
-                shown.pop()  # the unknown key itself is named in the message
-            continue
-        origin = typing.get_origin(ann)
-        if origin in (list, tuple) and isinstance(part, int):
-            shown.append(str(part))
-            ann = typing.get_args(ann)[0]
-        elif origin is dict:
-            shown.append(str(part))
-            ann = typing.get_args(ann)[1]
-        elif _union_members(ann) and isinstance(part, str):
-            ann = _tagged_member(ann, part)  # a discriminator tag: not shown
-        else:
-            shown.append(str(part))
-            ann = None
-    return shown, fields
-
-
-def _unwrap(ann: Any, part: Any) -> Any:
-    """Strip ``Annotated`` and ``X | None`` so the walk sees the real container or model."""
-    while True:
-        if typing.get_origin(ann) is typing.Annotated:
-            ann = typing.get_args(ann)[0]
-            continue
-        members = _union_members(ann)
-        non_none = [m for m in members if m is not type(None)]
-        if members and len(non_none) == 1:
-            ann = non_none[0]
-            continue
-        return ann
-
-
-def _union_members(ann: Any) -> tuple[Any, ...]:
-    if typing.get_origin(ann) in (typing.Union, types.UnionType):
-        return typing.get_args(ann)
-    return ()
-
-
-def _tagged_member(ann: Any, tag: str) -> Any:
-    for member in _union_members(ann):
-        if isinstance(member, type) and issubclass(member, BaseModel):
-            field = member.model_fields.get("type")
-            if field is not None and field.default == tag:
-                return member
-    return None
 
 
 def _split_expected(text: str) -> list[str]:

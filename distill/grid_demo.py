@@ -53,9 +53,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from agentenv.configs import read_yaml, validate_config
 from distill.grid_report import (
     TARGET_FRACTION, Check, Cost, RunCurve, cell, check_ablation_collapses, check_compute, check_order, check_ratios,
     check_teacher_gains, compute_ratios, plot_grid, plot_lengths, ratio,
@@ -142,18 +142,7 @@ class GridDemoConfig(BaseModel):
         from teachers.train import TeacherTrainConfig
 
         where = Path(path)
-        try:
-            data = yaml.safe_load(where.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{where}: expected a readable YAML file, got {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{where}: expected a mapping of config fields, got {type(data).__name__}")
-        try:
-            cfg = cls.model_validate(data)
-        except ValidationError as exc:
-            e = exc.errors()[0]
-            at = ".".join(str(p) for p in e["loc"]) or "(top level)"
-            raise ConfigError(f"{where}: {at}: {e['msg']}") from None
+        cfg = validate_config(cls, read_yaml(where, error=ConfigError), source=str(where), error=ConfigError)
         own = [k for k in ("name", "out_dir", "store") if k in cfg.teachers]
         if own:
             raise ConfigError(f"{where}: teachers.{own[0]}: set by the demo (its name, out_dir and store); remove it")

@@ -39,7 +39,7 @@ from teachers.grid import TeacherGridConfig, build_scorer
 from teachers.scoring import HFScorer
 from teachers.types import TeacherScorer, cell_key
 
-__all__ = ["MOPDAdvantages", "check_routable", "load_grid", "run_distill"]
+__all__ = ["MOPDAdvantages", "check_effort_agrees", "check_routable", "load_grid", "run_distill"]
 
 
 class MOPDAdvantages:
@@ -153,6 +153,29 @@ def check_routable(grid: TeacherGridConfig, task_domains: dict[str, str], cfg: D
             f"rollout.efforts.levels: {levels[0]!r} has no teachers in the grid (efforts: {', '.join(grid.efforts)}); "
             f"e.g. cell {cell_key(next(iter(task_domains.values())), levels[0])!r} is missing"
         )
+    check_effort_agrees(grid, cfg)
+
+
+def check_effort_agrees(grid: TeacherGridConfig, cfg: DistillConfig) -> None:
+    """A level's tau and thinking cap, given both by the run (``effort.tau``, ``effort.max_thinking_tokens``) and by
+    the grid (``efforts.<level>``: what its teachers were trained with), must agree; ``DistillConfigError`` naming both."""
+    tau = cfg.effort.tau
+    for lv in cfg.rollout.efforts.levels:
+        level = grid.efforts.get(lv)
+        if level is None:
+            continue
+        mine = tau.get(lv) if isinstance(tau, dict) else tau
+        if mine is not None and mine != level.tau:
+            raise DistillConfigError(
+                f"effort.tau: {mine} for level {lv!r} conflicts with the teacher grid's efforts.{lv}.tau: {level.tau} "
+                "(distill.teachers); the student's effort reward and its teacher's budget are one factor: give them equal"
+            )
+        cap = cfg.effort.thinking_budget(lv)
+        if cap is not None and level.max_thinking_tokens is not None and cap != level.max_thinking_tokens:
+            raise DistillConfigError(
+                f"effort.max_thinking_tokens: {cap} for level {lv!r} conflicts with the teacher grid's "
+                f"efforts.{lv}.max_thinking_tokens: {level.max_thinking_tokens} (distill.teachers); give them equal"
+            )
 
 
 def run_distill(

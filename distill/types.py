@@ -23,8 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentenv.configs import read_yaml, validate_config
 
 from learner.errors import LearnerConfigError
 from learner.train_config import TrainConfig
@@ -98,10 +99,9 @@ def load_distill_config(path: str | Path, **overrides: Any) -> tuple[DistillConf
     ``overrides`` (``store``, ``run_id``, ``seed``) replace top-level fields when not None.
     """
     source = Path(path)
-    try:
-        data = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise DistillConfigError(f"{source}: expected a readable YAML file, got {exc}") from None
+    data = read_yaml(source, error=DistillConfigError)
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise DistillConfigError(f"{source}: expected a mapping of config fields, got {type(data).__name__}")
     seed = overrides.pop("seed", None)
@@ -111,14 +111,5 @@ def load_distill_config(path: str | Path, **overrides: Any) -> tuple[DistillConf
         data["model"] = {**(data.get("model") or {}), "seed": seed}
     if "distill" not in data:
         raise DistillConfigError(f"{source}: distill: missing; expected a section with at least 'teachers'")
-    try:
-        cfg = DistillConfig.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        error = (first.get("ctx") or {}).get("error")
-        msg = str(error) if error is not None else first["msg"]
-        raise DistillConfigError(f"{source}: {where + ': ' if where else ''}{msg}") from None
-    except ConfigError as exc:  # the engine's own validators (LearnerConfigError) and RolloutConfig's
-        raise DistillConfigError(f"{source}: {exc}") from None
+    cfg = validate_config(DistillConfig, data, source=str(source), error=DistillConfigError)
     return cfg, source.parent

@@ -30,7 +30,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from agentenv.configs import validation_problems
 from learner.errors import CheckpointMismatch, CheckpointNotFound
+from rollout.config import PolicyConfig
 
 __all__ = ["EngineState", "RunCheckpoints", "config_hash"]
 
@@ -64,6 +66,10 @@ def config_hash(config: dict[str, Any]) -> str:
     rollout = dict(keep.get("rollout") or {})
     for k in ("store", "run_id", "ray", "workers", "concurrency", "pool_size", "warm"):
         rollout.pop(k, None)  # where and how wide it runs, not what it learns
+    if "seeds" not in rollout and "policy" not in rollout:
+        # A training run's rollout: section has no seeds or policy; before it was a whole rollout job's config, where
+        # training left both at their defaults. They stay in the hash so a run checkpointed then still resumes.
+        rollout.update(seeds=[0], policy=PolicyConfig().model_dump(mode="json"))
     keep["rollout"] = rollout
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -133,9 +139,7 @@ class RunCheckpoints:
         try:
             return EngineState.model_validate_json((path / ENGINE_FILE).read_text())
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise CheckpointMismatch(f"{str(path / ENGINE_FILE)!r}: {where}: {first['msg']}") from None
+            raise CheckpointMismatch("\n  ".join(validation_problems(exc, source=repr(str(path / ENGINE_FILE))))) from None
 
     # ------------------------------------------------------------ the warm-started model
 

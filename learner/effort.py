@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentenv.configs import validate_config
 
 from learner.errors import LearnerConfigError
 from rollout.types import Trajectory
@@ -84,12 +86,7 @@ class Budgets(BaseModel):
                                      "write one with `agentenv teachers budgets`") from None
         except json.JSONDecodeError as exc:
             raise LearnerConfigError(f"{where}: not valid JSON: {exc}") from None
-        try:
-            budgets = cls.model_validate(data)
-        except ValidationError as exc:
-            e = exc.errors()[0]
-            at = ".".join(str(p) for p in e["loc"]) or "(top level)"
-            raise LearnerConfigError(f"{where}: {at}: {e['msg']}") from None
+        budgets = validate_config(cls, data, source=str(where), error=LearnerConfigError, what="budgets fields")
         bad = [k for k, v in budgets.budgets.items() if v < 1]
         if bad:
             raise LearnerConfigError(f"{where}: budgets.{bad[0]}: expected a budget of at least 1 token, "

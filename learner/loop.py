@@ -285,7 +285,7 @@ class TrainLoop:
                                  sliding_window=m.sliding_window, full_attention_layers=m.full_attention_layers)
             self.model = PolicyModel.from_config(config, seed=m.seed)
         self.model.to(m.device)
-        self.store = TrajectoryStore(cfg.rollout.store)
+        self.store = TrajectoryStore(cfg.trajectory_store)
         self.store.ensure_run(self.run_id, cfg.model_dump(mode="json"))
         self.runner: RolloutRunner = self._make_runner()
         self.version = 0
@@ -296,7 +296,7 @@ class TrainLoop:
     # ------------------------------------------------------------ plumbing
 
     def _make_runner(self) -> RolloutRunner:
-        rollout = self.cfg.rollout.model_copy(update={"run_id": self.run_id})
+        rollout = self.cfg.rollout_job(self.run_id)
         if self.cfg.runner == "ray":
             from rollout.runner import RayRunner
 

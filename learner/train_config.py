@@ -1,10 +1,11 @@
 """The training run's config (``agentenv train CONFIG``): one YAML, validated before anything starts.
 
 Built from the parts' own configs instead of re-declaring their fields:
-``rollout:`` is a ``rollout.config.RolloutConfig`` (tasks, harness rotation,
-effort draws, sampling, group size, workers, sandboxes, the staleness bound K,
-fault budgets, Ray placement: the same field means the same thing in a rollout
-job and a training run) and ``trainer:`` is a ``learner.types.TrainerConfig``
+``rollout:`` is a ``rollout.config.RolloutSettings`` (tasks, harness rotation,
+effort draws, sampling, group size, the staleness bound K, fault budgets, and
+the fleet: backend, workers, concurrency, pool size, grading, Ray placement;
+the same field means the same thing in a rollout job, an eval sweep and a
+training run) and ``trainer:`` is a ``learner.types.TrainerConfig``
 (optimizer, schedule, micro-batching, device precision and every GPU fast-path
 option ``learner.bench_gpu`` measures). What is the training run's own: the
 phases (``sft``, ``rl``, ``eval``), the model, the runner, checkpoints.
@@ -13,10 +14,12 @@ A setting two parts both read is given once; a second, conflicting one is an
 error naming both fields, never silently rewritten: ``rl.loss.temperature``
 (the temperature the loss recomputes logprobs at) must equal
 ``rollout.sampling.temperature`` (what the rollouts sampled at) and is taken
-from it when unset; ``rollout.run_id`` / ``rollout.store`` are the run's own
-``run_id`` / ``store``. ``rollout.seeds`` and ``rollout.policy`` are not used by
-training (variant seeds are drawn from ``train_seeds``; the policy is the
-learner's model) and are refused when given.
+from it when unset. What a rollout job has and a training run gives from its
+own fields is not in ``rollout:`` (``rollout_job`` builds the job's config from
+them): ``run_id`` and ``store`` are the run's, variant seeds are drawn from
+``train_seeds`` (and ``eval.seeds``), and the policy is the learner's model.
+The effort reward's factor is ``effort.tau`` (``rl.advantage.effort_tau`` is
+refused, naming it).
 
 Seeds: warm start and RL draw variant seeds from ``train_seeds`` (a range
 starting at 0); evaluation uses ``eval.seeds``, which must be disjoint from the
@@ -32,16 +35,15 @@ each learner step and carries unfinished episodes into the next iteration.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
-from typing import Literal
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
+from agentenv.configs import read_yaml, validate_config
 from learner.errors import LearnerConfigError
 from learner.types import AdvantageConfig, LossConfig, TrainerConfig
-from rollout.config import ConfigError, RolloutConfig
+from rollout.config import RolloutConfig, RolloutSettings
+from rollout.store import DEFAULT_URL
 
 __all__ = [
     "CheckpointConfig", "EffortConfig", "EvalConfig", "ModelConfig", "RLConfig", "SFTConfig", "TrainConfig", "load_train_config",
@@ -103,6 +105,16 @@ class RLConfig(_Model):
     loss: LossConfig = LossConfig.dapo()
     advantage: AdvantageConfig = AdvantageConfig()
 
+    @field_validator("advantage")
+    @classmethod
+    def _one_tau(cls, v: AdvantageConfig) -> AdvantageConfig:
+        if v.effort_tau is not None:
+            raise LearnerConfigError(
+                f"effort_tau: {v.effort_tau} is not read here; the effort reward's factor has one home, effort.tau "
+                "(beside effort.budgets): move it there"
+            )
+        return v
+
 
 class EvalConfig(_Model):
     """Held-out evaluation: the same seeds and tasks every time, greedy (temperature 0) by default.
@@ -130,7 +142,8 @@ class EffortConfig(_Model):
 
     ``budgets`` (a file from ``agentenv teachers budgets``: b0 per task) with
     ``tau`` turns on the effort reward in RL: ``-1 if T(y) > tau * b0(x) else
-    R_task``. ``tau`` is one number or one per effort level.
+    R_task``. ``tau`` is one number or one per effort level; it is the factor's one
+    home in a run's config (``rl.advantage.effort_tau`` is refused, naming it).
     ``max_thinking_tokens`` (one number or per level) closes the model's
     thinking after that many tokens per turn in every sampled episode (RL and
     evaluation). ``message: false`` renders prompts without the effort message
@@ -170,7 +183,7 @@ class TrainConfig(_Model):
     runner: Literal["inprocess", "ray"] = Field(
         default="inprocess", description="where episodes run: this process (the embedded default), or Ray workers"
     )
-    rollout: RolloutConfig
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     trainer: TrainerConfig = TrainerConfig(lr=1e-3, micro_batch_tokens=4096, logprobs_at_loss_tokens=True)
     train_seeds: int = Field(default=5000, ge=1, description="training variant seeds are 0 .. train_seeds-1")
     model: ModelConfig = ModelConfig()
@@ -188,23 +201,16 @@ class TrainConfig(_Model):
     @model_validator(mode="before")
     @classmethod
     def _one_place_each(cls, data: Any) -> Any:
-        """``rollout.run_id`` / ``rollout.store`` come from the run's own; a different value names both."""
-        if not isinstance(data, dict):
+        """What a rollout job's config has and a training run gives from its own fields: named when given in ``rollout:``."""
+        if not isinstance(data, dict) or not isinstance(data.get("rollout"), dict):
             return data
-        rollout = dict(data.get("rollout") or {})
-        for refused, why in (("seeds", "training draws variant seeds from train_seeds (and eval.seeds)"),
-                             ("policy", "training samples from the learner's own model (model:)")):
-            if refused in rollout:
-                raise LearnerConfigError(f"rollout.{refused}: not used by training: {why}; remove it")
-        for field, mine in (("run_id", data.get("run_id")), ("store", data.get("store"))):
-            if field in rollout and mine is not None and rollout[field] != mine:
-                raise LearnerConfigError(
-                    f"rollout.{field}: {rollout[field]!r} conflicts with {field}: {mine!r}; give it once, as {field}"
-                )
-            if mine is not None:
-                rollout[field] = mine
-        rollout.setdefault("run_id", data.get("run_id") or "run")
-        return {**data, "rollout": rollout}
+        for key, home in (("run_id", "the run's own run_id"), ("store", "the run's own store"),
+                          ("seeds", "train_seeds (and eval.seeds): training draws variant seeds from them"),
+                          ("policy", "the learner's own model (model:): training samples from it")):
+            if key in data["rollout"]:
+                raise LearnerConfigError(f"rollout.{key}: not a setting of a training run's rollout: section; it is {home}; "
+                                         "remove it")
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -258,13 +264,17 @@ class TrainConfig(_Model):
             if uncovered:
                 raise LearnerConfigError(f"effort.tau: no factor for effort level {uncovered[0]!r} of rollout.efforts.levels "
                                          f"{list(levels)}; give one per level, or one number")
-        if self.effort.tau is not None and self.rl.advantage.effort_tau is not None:
-            raise LearnerConfigError(
-                f"rl.advantage.effort_tau: {self.rl.advantage.effort_tau} conflicts with effort.tau: {self.effort.tau}; "
-                "give the effort reward's factor once, as effort.tau"
-            )
         if not self.effort.message and not levels:
             raise LearnerConfigError("effort.message: false hides an effort message, but rollout.efforts.levels is empty")
+
+    @property
+    def trajectory_store(self) -> str:
+        """The trajectory store's URL: ``store``, else the default SQLite file."""
+        return self.store or DEFAULT_URL
+
+    def rollout_job(self, run_id: str | None = None) -> RolloutConfig:
+        """The rollout job this run's episodes are: ``rollout:`` with the run's id (``run_id``: a phase's own) and store."""
+        return RolloutConfig(**dict(self.rollout), run_id=run_id or self.run_id, store=self.trajectory_store)
 
     @property
     def max_lag(self) -> int:
@@ -280,28 +290,18 @@ class TrainConfig(_Model):
 
 
 def load_train_config(path: str | Path, **overrides: Any) -> TrainConfig:
-    """Read and validate a YAML config; errors name the file and the field (``LearnerConfigError``, a ``ConfigError``)."""
-    source = Path(path)
-    try:
-        data = yaml.safe_load(source.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise LearnerConfigError(f"{source}: expected a readable YAML file, got {exc}") from exc
+    """Read and validate a YAML config; errors name the file and the field (``LearnerConfigError``, a ``ConfigError``).
+
+    ``overrides`` replace top-level fields when not None; ``seed`` re-seeds the whole run (``seed`` and ``model.seed``).
+    """
+    data = read_yaml(path, error=LearnerConfigError)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise LearnerConfigError(f"{path}: expected a mapping of config fields, got {type(data).__name__}")
     seed = overrides.pop("seed", None)
     data.update({k: v for k, v in overrides.items() if v is not None})
-    if not isinstance(data, dict):
-        raise LearnerConfigError(f"{source}: expected a mapping of config fields, got {type(data).__name__}")
     if seed is not None:  # one number re-seeds the run: model init, seed draws, sampling
         data["seed"] = seed
         data["model"] = {**(data.get("model") or {}), "seed": seed}
-    try:
-        return TrainConfig.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        error = (first.get("ctx") or {}).get("error")
-        msg = str(error) if error is not None else first["msg"]  # our own validators' messages name their fields
-        raise LearnerConfigError(f"{source.name}: {where + ': ' if where else ''}{msg}") from None
-    except LearnerConfigError as exc:
-        raise LearnerConfigError(f"{source.name}: {exc}") from None
-    except ConfigError as exc:  # a RolloutConfig validator's own error (rotation, efforts, ...)
-        raise LearnerConfigError(f"{source.name}: rollout: {exc}") from None
+    return validate_config(TrainConfig, data, source=str(path), error=LearnerConfigError)

@@ -21,9 +21,9 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentenv.configs import load_yaml_config, validate_config
 from agentenv.intents import EFFORT_LEVELS
 from agentenv.types import Domain
 from rollout.errors import ConfigError
@@ -33,14 +33,17 @@ from rollout.store import DEFAULT_URL
 __all__ = [
     "ConfigError",
     "EffortDraw",
+    "FleetConfig",
     "PolicyConfig",
     "RayConfig",
     "RetryConfig",
     "RolloutConfig",
+    "RolloutSettings",
     "SamplingConfig",
     "StalePolicy",
     "StalenessConfig",
     "TaskSelection",
+    "WorkerRetries",
     "load_config",
     "parse_config",
 ]
@@ -146,15 +149,21 @@ class StalenessConfig(_Model):
     max_resumes: int = Field(default=3, ge=0, description="abort_and_resume: then the episode is dropped")
 
 
-class RetryConfig(_Model):
-    """Fault budgets. A ``sandbox_lost`` episode is run again up to ``sandbox_lost`` times; an
-    episode whose worker died is rerun up to ``worker_lost`` times; a dead worker is restarted
-    by Ray up to ``worker_restarts`` times, then re-created."""
+class WorkerRetries(_Model):
+    """The fault budgets of the worker fleet, shared by rollout runs and eval sweeps: an episode whose
+    worker died is rerun up to ``worker_lost`` times; a dead worker is restarted by Ray up to
+    ``worker_restarts`` times, then re-created; a sandbox start is retried ``sandbox_acquire`` times."""
 
-    sandbox_lost: int = Field(default=1, ge=0)
     worker_lost: int = Field(default=3, ge=0)
     worker_restarts: int = Field(default=3, ge=0)
     sandbox_acquire: int = Field(default=1, ge=0, description="EpisodeRunner's own sandbox start retries")
+
+
+class RetryConfig(WorkerRetries):
+    """A rollout run's fault budgets: the fleet's (``WorkerRetries``), and a ``sandbox_lost`` episode
+    is run again up to ``sandbox_lost`` times."""
+
+    sandbox_lost: int = Field(default=1, ge=0)
 
 
 class RayConfig(_Model):
@@ -170,22 +179,19 @@ class RayConfig(_Model):
     spread: bool = Field(default=True, description="place workers on as many nodes as possible (Ray's SPREAD strategy)")
 
 
-class RolloutConfig(_Model):
-    """A whole rollout run. See ``docs/rollout.md`` for every field."""
+class FleetConfig(_Model):
+    """The rollout fleet: where episodes run and how many at once. One model, the same fields and
+    defaults in a rollout run (``RolloutConfig``), a training run's ``rollout:`` and an eval sweep
+    (``rollout.eval.config.SweepConfig``). Each adds its own ``retries``, both built on ``WorkerRetries``."""
 
-    run_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-    store: str = Field(default=DEFAULT_URL, description="SQLAlchemy URL of the trajectory store")
-    tasks: TaskSelection = Field(default_factory=TaskSelection)
-    seeds: tuple[int, ...] = Field(default=(0,), min_length=1, description="variant seeds; an int n means 0..n-1")
-    group_size: int = Field(default=4, ge=1, description="G samples per (task, seed) group")
-    rotation: RotationPolicy = Field(default_factory=RotationPolicy)
-    efforts: EffortDraw = Field(default_factory=EffortDraw)
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    backend: Literal["docker", "local"] = "docker"
+    backend: Literal["docker", "local"] = Field(default="docker", description="sandboxes.backends.make_backend's name")
     workers: int = Field(default=2, ge=1)
     concurrency: int = Field(default=4, ge=1, description="episodes in flight per worker")
-    pool_size: int = Field(default=2, ge=0, description="warm sandboxes per task image per worker")
+    pool_size: int = Field(
+        default=2, ge=0,
+        description="warm sandboxes per task image per worker: 2 keeps one restored at the pristine snapshot "
+        "while another is handed out",
+    )
     warm: bool = Field(
         default=True,
         description="before the first episode each worker starts `concurrency` sandboxes of every image the "
@@ -196,9 +202,31 @@ class RolloutConfig(_Model):
         description="in_place: grade in the agent's sandbox once its processes are killed and /tmp emptied "
         "(falls back to a fork when that is refused); fork: always in a clean copy of its files",
     )
+    ray: RayConfig = Field(default_factory=RayConfig)
+
+
+class RolloutSettings(FleetConfig):
+    """How episodes are drawn and run, in every config that runs them: a rollout job (``RolloutConfig``) and a
+    training or distill run's ``rollout:`` section. The tasks, G samples per group, harness rotation,
+    effort draws, sampling, the staleness bound K, fault budgets, and the fleet (``FleetConfig``'s fields)."""
+
+    tasks: TaskSelection = Field(default_factory=TaskSelection)
+    group_size: int = Field(default=4, ge=1, description="G samples per (task, seed) group")
+    rotation: RotationPolicy = Field(default_factory=RotationPolicy)
+    efforts: EffortDraw = Field(default_factory=EffortDraw)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     retries: RetryConfig = Field(default_factory=RetryConfig)
-    ray: RayConfig = Field(default_factory=RayConfig)
+
+
+class RolloutConfig(RolloutSettings):
+    """A whole rollout job (``agentenv rollout``): ``RolloutSettings`` plus what a training run gives from its
+    own fields instead: the run id, the store, the variant seeds and the acting policy. See ``docs/rollout.md``."""
+
+    run_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    store: str = Field(default=DEFAULT_URL, description="SQLAlchemy URL of the trajectory store")
+    seeds: tuple[int, ...] = Field(default=(0,), min_length=1, description="variant seeds; an int n means 0..n-1")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
 
     @field_validator("seeds", mode="before")
     @classmethod
@@ -221,33 +249,12 @@ class RolloutConfig(_Model):
         return len(self.seeds) * self.group_size
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
 def parse_config(data: Any, *, source: str = "<config>") -> RolloutConfig:
-    """Validate a mapping; errors become one ``ConfigError`` listing ``source: field.path: why``."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of config fields, got {type(data).__name__}")
-    try:
-        return RolloutConfig.model_validate(data)
-    except ValidationError as exc:
-        lines = [f"{source}: {_loc(e['loc'])}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError("invalid rollout config\n  " + "\n  ".join(lines)) from None
+    """Validate a mapping; errors become one ``ConfigError``, a line ``source: field.path: why`` per problem."""
+    return validate_config(RolloutConfig, data, source=source, error=ConfigError)
 
 
 def load_config(path: str | Path, **overrides: Any) -> RolloutConfig:
     """Read and validate a YAML config; ``overrides`` replace top-level fields (CLI flags)."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if isinstance(data, dict):
-        data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
-    return parse_config(data, source=str(path))
+    return load_yaml_config(RolloutConfig, path, error=ConfigError, overrides=overrides)
+

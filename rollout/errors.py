@@ -15,12 +15,14 @@ the policy contract; it is meant to join this tree.
 
 from __future__ import annotations
 
+from agentenv.errors import ConfigError as _ConfigError
+
 
 class RolloutError(Exception):
     """Base of every error raised by ``rollout``."""
 
 
-class ConfigError(RolloutError, ValueError):
+class ConfigError(RolloutError, _ConfigError):
     """A rollout config file, one of its fields, or a component's argument is invalid.
 
     The message names the file and the field path (``run.yaml: staleness.max_lag: ...``)

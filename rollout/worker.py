@@ -146,22 +146,11 @@ def build_train_policy(model_config: dict[str, Any], tokenizer_dir: str | None) 
 
 
 def make_backend(kind: str, run_id: str) -> Any:
-    """The sandbox backend named by a config (``docker`` or ``local``), labelled with ``run_id``.
+    """The sandbox backend named by a config (``docker`` or ``local``), labelled with ``run_id``
+    (``sandboxes.backends.make_backend``, the one place a backend is chosen by name)."""
+    from sandboxes.backends import make_backend as make
 
-    Public so in-process callers (the training loop's rollout runner) build the
-    same backend a worker does without importing ``sandboxes`` themselves.
-    """
-    return _backend(kind, run_id)
-
-
-def _backend(kind: str, run_id: str) -> Any:
-    if kind == "local":
-        from sandboxes.local_backend import LocalBackend
-
-        return LocalBackend()
-    from sandboxes.docker_backend import DockerBackend
-
-    return DockerBackend(run_id=run_id)
+    return make(kind, run_id=run_id)
 
 
 class RolloutWorker:
@@ -181,7 +170,7 @@ class RolloutWorker:
             import torch
 
             torch.set_num_threads(spec.torch_threads)
-        self.backend = _backend(spec.backend, spec.run_id)
+        self.backend = make_backend(spec.backend, spec.run_id)
         policies: dict[str, Policy] = {}
         if spec.train_model is not None:
             policy, tokenizer = build_train_policy(spec.train_model, spec.tokenizer)

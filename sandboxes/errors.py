@@ -88,4 +88,9 @@ __all__ = [
     "SandboxTimeout",
     "SnapshotError",
     "SpecError",
+    "UnknownBackend",
 ]
+
+
+class UnknownBackend(SandboxError, LookupError):
+    """A backend name that ``sandboxes.backends.make_backend`` does not know (names the known ones)."""

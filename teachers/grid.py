@@ -20,21 +20,23 @@ cells on the same endpoint and model share one ``EndpointScorer``.
 
 ``tau`` is the effort reward's length factor (``-1 if T(y) > tau * b0(x)``,
 ``learner.advantages.effort_override``); ``max_thinking_tokens`` an optional
-generation-time cap on thinking for that level.
+generation-time cap on thinking for that level. In a grid they record what each
+level's teachers were trained with (``agentenv teachers train`` writes them);
+a distill run's own ``effort.tau`` / ``effort.max_thinking_tokens``, when
+given, must agree with them (``distill.loop.check_effort_agrees``, an error
+naming both fields).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from agentenv.configs import read_yaml, validate_config
 from agentenv.intents import EFFORT_LEVELS
-from rollout.config import _loc as field_path  # the project's one field-path formatter
 from teachers.scoring import DEFAULT_FLOOR, EndpointScorer, HFScorer, LoRAScorer, RoutingScorer
 from teachers.types import DOMAINS, TeacherConfigError, TeacherScorer, cell_key
 
@@ -148,28 +150,14 @@ class TeacherGridConfig(BaseModel):
 
         ``root``: the folder relative checkpoint and adapter paths are resolved against.
         """
-        if not isinstance(data, Mapping):
-            raise TeacherConfigError(f"{source}: expected a mapping of grid fields, got {type(data).__name__}")
-        try:
-            config = cls.model_validate(dict(data))
-        except ValidationError as exc:
-            lines = []
-            for e in exc.errors():
-                error = (e.get("ctx") or {}).get("error")
-                lines.append(f"{source}: {field_path(e['loc'])}: {error if error is not None else e['msg']}")
-            raise TeacherConfigError("invalid teacher grid\n  " + "\n  ".join(lines)) from None
+        config = validate_config(cls, data, source=source, error=TeacherConfigError, what="grid fields")
         return config.resolved(root) if root is not None else config
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TeacherGridConfig:
         """Read and validate a YAML grid file (see the module docstring)."""
         where = Path(path)
-        try:
-            data = yaml.safe_load(where.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise TeacherConfigError(f"{where}: cannot read the grid file ({exc.strerror or exc})") from None
-        except yaml.YAMLError as exc:
-            raise TeacherConfigError(f"{where}: not valid YAML: {exc}") from None
+        data = read_yaml(where, error=TeacherConfigError, what="grid file")
         return cls.parse(data, source=str(where), root=where.parent)
 
     def resolved(self, root: str | os.PathLike[str]) -> TeacherGridConfig:

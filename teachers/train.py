@@ -52,11 +52,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentenv.intents import EFFORT_LEVELS
+from agentenv.configs import explain_error, format_loc, read_yaml, validate_config, validation_problems
 from learner.effort import Budgets, EffortShaping, episode_tokens
 from learner.loop import NullReporter, Reporter, TrainLoop
 from learner.metrics import passed
 from learner.train_config import RLConfig, SFTConfig, TrainConfig
-from rollout.config import _loc as field_path
 from rollout.harnesses.parsing import CALL_CLOSE
 from rollout.policy.models import save_checkpoint
 from rollout.policy.types import SamplingParams
@@ -102,7 +102,7 @@ class ExpertConfig(BaseModel):
                 self.for_level(e)
             except ValidationError as exc:
                 err = exc.errors()[0]
-                raise ValueError(f"by_effort.{e}: {field_path(err['loc'])}: {err['msg']}") from None
+                raise ValueError(f"by_effort.{e}: {format_loc(err['loc'])}: {explain_error(err)}") from None
         return self
 
     def for_level(self, effort: str) -> tuple[SFTConfig, RLConfig, float | None]:
@@ -178,12 +178,7 @@ class TeacherTrainConfig(BaseModel):
     def load(cls, path: str | os.PathLike[str]) -> TeacherTrainConfig:
         """Read and validate the YAML; each error is a line ``file: field.path: why`` of a ``TeacherConfigError``."""
         where = Path(path)
-        try:
-            data = yaml.safe_load(where.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise TeacherConfigError(f"{where}: cannot read the teachers config ({exc.strerror or exc})") from None
-        except yaml.YAMLError as exc:
-            raise TeacherConfigError(f"{where}: not valid YAML: {exc}") from None
+        data = read_yaml(where, error=TeacherConfigError, what="teachers config")
         return cls.parse(data, source=str(where), root=where.parent)
 
     @classmethod
@@ -191,16 +186,7 @@ class TeacherTrainConfig(BaseModel):
         """Validate a mapping (a file's, or a section of another config); ``init`` / ``budgets`` resolve against
         ``root``; errors are lines ``source: field.path: why`` of a ``TeacherConfigError``."""
         where = source
-        if not isinstance(data, Mapping):
-            raise TeacherConfigError(f"{where}: expected a mapping of config fields, got {type(data).__name__}")
-        try:
-            cfg = cls.model_validate(dict(data))
-        except ValidationError as exc:
-            lines = []
-            for e in exc.errors():
-                error = (e.get("ctx") or {}).get("error")
-                lines.append(f"{where}: {field_path(e['loc'])}: {error if error is not None else e['msg']}")
-            raise TeacherConfigError("invalid teachers config\n  " + "\n  ".join(lines)) from None
+        cfg = validate_config(cls, data, source=where, error=TeacherConfigError)
         unknown = [e for e in cfg.expert.by_effort if e not in cfg.efforts]
         if unknown:
             raise TeacherConfigError(f"{where}: expert.by_effort: level {unknown[0]!r} is not one of efforts: {list(cfg.efforts)}")
@@ -229,11 +215,7 @@ class TeacherTrainConfig(BaseModel):
         try:
             return TrainConfig.model_validate(data)
         except ValidationError as exc:
-            e = exc.errors()[0]
-            error = (e.get("ctx") or {}).get("error")
-            raise TeacherConfigError(f"{source}: base.{field_path(e['loc'])}: {error if error is not None else e['msg']}") from None
-        except ValueError as exc:  # LearnerConfigError from a TrainConfig validator
-            raise TeacherConfigError(f"{source}: {exc}") from None
+            raise TeacherConfigError("\n  ".join(validation_problems(exc, source=source, prefix="base", model=TrainConfig))) from None
 
 
 def eval_row(trajs: Sequence[Trajectory], shaping: EffortShaping | None = None) -> dict[str, float]:

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from agentenv.errors import ConfigError
+
 DOMAINS: tuple[str, ...] = ("general", "agent", "coding")  # agentenv.types.Domain's values
 EFFORTS: tuple[str, ...] = ("low", "high", "max")  # agentenv.intents.EFFORT_LEVELS
 
@@ -37,7 +39,7 @@ class UnknownCell(TeacherError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class TeacherConfigError(TeacherError, ValueError):
+class TeacherConfigError(TeacherError, ConfigError):
     """A grid or effort config is malformed; the message names the file and field."""
 
 

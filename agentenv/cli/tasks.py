@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console(highlight=False)
-BACKENDS = ("docker", "local")
 
 
 def _backend(name: str) -> Any:
@@ -67,6 +66,8 @@ def check_cmd(
     variants are deterministic. Exits non-zero if any check fails."""
     from agentenv.check import check_task, failed_load, load_for_check
     from agentenv.registry import default_registry
+
+    from sandboxes.backends import BACKENDS
 
     if backend not in BACKENDS:
         console.print(f"error: --backend: expected one of {'|'.join(BACKENDS)}, got {backend!r}", style="red", markup=False)

@@ -19,11 +19,11 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentenv.configs import load_yaml_config, validate_config
 from agentenv.intents import EFFORT_LEVELS
-from rollout.config import RayConfig, SamplingConfig, TaskSelection, _loc  # one field-path format for every config
+from rollout.config import FleetConfig, SamplingConfig, TaskSelection, WorkerRetries
 from rollout.eval.types import SweepConfigError
 
 __all__ = ["PolicySpec", "StatsConfig", "SweepConfig", "SweepRetries", "load_sweep", "parse_sweep", "weights_hash"]
@@ -111,16 +111,13 @@ def identity_id(identity: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 
-class SweepRetries(_Model):
-    """``infrastructure``: reruns of an episode whose outcome is infrastructure (lost sandbox, endpoint
-    errors after the policy's own HTTP retries, runner error); ``worker_lost``: reruns after its Ray
-    worker died; ``worker_restarts``: Ray restarts of a dead worker before it is re-created."""
+class SweepRetries(WorkerRetries):
+    """The fleet's budgets (``worker_lost``, ``worker_restarts``, ``sandbox_acquire``: ``WorkerRetries``) and
+    ``infrastructure``: reruns of an episode whose outcome is infrastructure (lost sandbox, endpoint
+    errors after the policy's own HTTP retries, runner error)."""
 
     infrastructure: int = Field(default=2, ge=0)
     backoff_s: float = Field(default=1.0, ge=0, description="wait before an infrastructure rerun (doubles)")
-    worker_lost: int = Field(default=3, ge=0)
-    worker_restarts: int = Field(default=3, ge=0)
-    sandbox_acquire: int = Field(default=1, ge=0)
 
 
 class StatsConfig(_Model):
@@ -128,8 +125,9 @@ class StatsConfig(_Model):
     seed: int = 0
 
 
-class SweepConfig(_Model):
-    """A whole sweep. See ``docs/eval.md`` for every field."""
+class SweepConfig(FleetConfig):
+    """A whole sweep: its axes, and the fleet that runs it (``FleetConfig``'s fields, with the same
+    defaults as a rollout run). See ``docs/eval.md`` for every field."""
 
     sweep_id: str = Field(min_length=1, pattern=_NAME)
     store: str = "sqlite:///runs/eval.db"
@@ -140,14 +138,7 @@ class SweepConfig(_Model):
     efforts: tuple[str, ...] = Field(default=("high",), min_length=1)
     seeds: tuple[int, ...] = Field(default=(0,), min_length=1)
     samples: int = Field(default=1, ge=1, description="k samples per variant (task, seed, harness, effort)")
-    backend: Literal["docker", "local"] = "docker"
-    grading: Literal["in_place", "fork"] = "in_place"
-    workers: int = Field(default=2, ge=1)
-    concurrency: int = Field(default=4, ge=1, description="episodes in flight per worker")
-    pool_size: int = Field(default=1, ge=0)
-    warm: bool = True
     retries: SweepRetries = Field(default_factory=SweepRetries)
-    ray: RayConfig = Field(default_factory=RayConfig)
     stats: StatsConfig = Field(default_factory=StatsConfig)
 
     @field_validator("seeds", mode="before")
@@ -210,25 +201,10 @@ class SweepConfig(_Model):
 
 
 def parse_sweep(data: Any, *, source: str = "<sweep>") -> SweepConfig:
-    """Validate a mapping; errors become one ``SweepConfigError`` listing ``source: field.path: why``."""
-    if not isinstance(data, dict):
-        raise SweepConfigError(f"{source}: expected a mapping of sweep fields, got {type(data).__name__}")
-    try:
-        return SweepConfig.model_validate(data)
-    except ValidationError as exc:
-        lines = [f"{source}: {_loc(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()]
-        raise SweepConfigError("invalid sweep config\n  " + "\n  ".join(lines)) from None
+    """Validate a mapping; errors become one ``SweepConfigError``, a line ``source: field.path: why`` per problem."""
+    return validate_config(SweepConfig, data, source=source, error=SweepConfigError, what="sweep fields")
 
 
 def load_sweep(path: str | Path, **overrides: Any) -> SweepConfig:
     """Read and validate a sweep YAML; ``overrides`` replace top-level fields (CLI flags)."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SweepConfigError(f"{path}: no such sweep file") from None
-    except yaml.YAMLError as exc:
-        raise SweepConfigError(f"{path}: not valid YAML: {exc}") from None
-    if isinstance(data, dict):
-        data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
-    return parse_sweep(data, source=str(path))
+    return load_yaml_config(SweepConfig, path, error=SweepConfigError, overrides=overrides, what="sweep file")

@@ -20,6 +20,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agentenv.errors import ConfigError
 from rollout.errors import RolloutError
 
 __all__ = [
@@ -38,7 +39,7 @@ class EvalError(RolloutError):
     """Base of every error raised by ``rollout.eval``."""
 
 
-class SweepConfigError(EvalError, ValueError):
+class SweepConfigError(EvalError, ConfigError):
     """A sweep file, one of its fields, or a command argument is invalid (the message names it)."""
 
 

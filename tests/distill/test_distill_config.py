@@ -71,3 +71,23 @@ def test_a_grid_that_does_not_cover_the_run_is_refused_naming_the_field(tmp_path
         check_routable(load_grid(cfg, root), {"math/x": "math"}, cfg)
     result = CliRunner().invoke(app, ["distill", str(tmp_path / "distill.yaml")])  # the CLI: exit 2, the same line
     assert result.exit_code == 2 and "'max' has no teachers in the grid" in result.output
+
+
+@pytest.mark.parametrize(("effort", "message"), [
+    ({"tau": {"low": 0.5, "high": 1.0, "max": 3.0}, "budgets": "b.json"},
+     r"effort.tau: 3.0 for level 'max' conflicts with the teacher grid's efforts.max.tau: 2.0 \(distill.teachers\)"),
+    ({"max_thinking_tokens": {"low": 8}},
+     r"effort.max_thinking_tokens: 8 for level 'low' conflicts with the teacher grid's efforts.low.max_thinking_tokens: 4"),
+])
+def test_an_effort_setting_given_by_the_run_and_the_grid_must_agree(tmp_path: Path, effort: dict[str, Any], message: str) -> None:
+    grid = {**GRID, "efforts": {"low": {"tau": 0.5, "max_thinking_tokens": 4}, "high": {"tau": 1.0}, "max": {"tau": 2.0}}}
+    tasks = {"general/answer_number": "general"}
+    agreeing = {"tau": {"low": 0.5, "high": 1.0, "max": 2.0}, "budgets": "b.json", "max_thinking_tokens": {"low": 4}}
+    for given, ok in ((agreeing, True), ({}, True), (effort, False)):
+        cfg, root = load_distill_config(_write(tmp_path, distill={"teachers": grid}, effort=given,
+                                               rollout={"tasks": {"ids": list(tasks)}, "efforts": {"levels": ["low", "high", "max"]}}))
+        if ok:
+            check_routable(load_grid(cfg, root), tasks, cfg)
+        else:
+            with pytest.raises(DistillConfigError, match=message):
+                check_routable(load_grid(cfg, root), tasks, cfg)

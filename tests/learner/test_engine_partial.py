@@ -82,7 +82,7 @@ def test_the_engine_with_partial_rollouts_trains_every_planned_group_once_within
     summary = asyncio.run(TrainLoop(cfg, {"general/answer_number": "general"}).run())
     assert [r["iteration"] for r in summary["rl"]] == [1, 2, 3] and summary["final_version"] == 3
     assert all(r["max_lag"] <= 1 for r in summary["rl"]), summary["rl"]
-    with TrajectoryStore(cfg.rollout.store) as store:
+    with TrajectoryStore(cfg.trajectory_store) as store:
         rl = [t.episode_id for t in store.query(run_id=summary["run_id"]) if "/rl" in t.episode_id]
     assert len(rl) == len(set(rl)) == 3 * 2
     assert summary["trained_episodes"] == summary["trained_unique"]

@@ -59,7 +59,7 @@ def test_raise_sites_use_the_tree_and_name_the_argument(tmp_path: Path) -> None:
         first_fit_decreasing([1], 0)
     with pytest.raises(ShapeError, match="sample 0 has 9 tokens but a micro-batch holds 8"):
         first_fit_decreasing([9], 8)
-    with pytest.raises(LearnerConfigError, match="missing.yaml: expected a readable YAML file"):
+    with pytest.raises(LearnerConfigError, match=r"missing.yaml: cannot read the config file \(no such file\); expected a readable YAML file"):
         load_train_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("run_id: r\nno_such_field: 1\n")

@@ -43,7 +43,7 @@ def test_errors_name_the_file_and_field_path(tmp_path: Path) -> None:
 
 
 def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no such config file"):
+    with pytest.raises(ConfigError, match=r"nope.yaml: cannot read the config file \(no such file\)"):
         load_config(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("run_id: [unclosed\n")
@@ -81,3 +81,31 @@ def test_config_pickles_for_ray() -> None:
     cfg = load_config(EXAMPLE)
     assert pickle.loads(pickle.dumps(cfg)) == cfg
     assert isinstance(RolloutConfig.model_validate(cfg.model_dump(mode="json")), RolloutConfig)
+
+
+def test_runs_sweeps_and_training_share_one_fleet_model_and_its_defaults() -> None:
+    from learner.train_config import TrainConfig
+    from rollout.config import FleetConfig, RolloutSettings, WorkerRetries
+    from rollout.eval.config import SweepConfig
+
+    fleet = set(FleetConfig.model_fields)
+    assert fleet == {"backend", "workers", "concurrency", "pool_size", "warm", "grading", "ray"}
+    sweep = SweepConfig.model_validate({"sweep_id": "s", "policies": [{"name": "o", "kind": "oracle"}]})
+    train = TrainConfig(run_id="t")
+    run = parse_config({"run_id": "r"})
+    assert isinstance(train.rollout, RolloutSettings) and isinstance(sweep, FleetConfig) and isinstance(run, FleetConfig)
+    for name in fleet:  # one default each, pool_size 2 everywhere
+        assert getattr(sweep, name) == getattr(train.rollout, name) == getattr(run, name) == FleetConfig.model_fields[name].get_default(
+            call_default_factory=True), name
+    assert run.pool_size == 2
+    for retries in (sweep.retries, train.rollout.retries, run.retries):
+        assert isinstance(retries, WorkerRetries) and (retries.worker_lost, retries.worker_restarts, retries.sandbox_acquire) == (3, 3, 1)
+
+
+def test_a_training_run_gives_its_rollout_job_its_id_store_and_defaults() -> None:
+    from learner.train_config import TrainConfig
+
+    job = TrainConfig(run_id="t", store="sqlite:///x.db", rollout={"workers": 3}).rollout_job("t-phase")
+    assert isinstance(job, RolloutConfig)
+    assert (job.run_id, job.store, job.workers, job.seeds, job.policy.kind) == ("t-phase", "sqlite:///x.db", 3, (0,), "scripted")
+    assert TrainConfig(run_id="t").rollout_job().store == "sqlite:///runs/agentenv.db"

@@ -35,7 +35,7 @@ def test_bad_fields_are_named_with_the_file(tmp_path: Path) -> None:
         parse_sweep(sweep_data(tmp_path, policies=[{"name": "a", "kind": "oracle"}, {"name": "a", "kind": "do_nothing"}]))
     with pytest.raises(SweepConfigError, match=r"policies\[0\].kind"):
         parse_sweep(sweep_data(tmp_path, policies=[{"name": "a", "kind": "orcale"}]))
-    with pytest.raises(SweepConfigError, match="no such sweep file"):
+    with pytest.raises(SweepConfigError, match="cannot read the sweep file \\(no such file\\)"):
         load_sweep(tmp_path / "missing.yaml")
 
 
