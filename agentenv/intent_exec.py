@@ -487,11 +487,6 @@ class IntentExecutor:
         return IntentResult(intent, ok=True, output="submitted", data={"submitted": True, "answer": self.state.answer})
 
 
-def execute_intent(sandbox: Sandbox, intent: Intent, state: EpisodeState | None = None, **options: Any) -> IntentResult:
-    """One-shot form of ``IntentExecutor(sandbox, state=state, **options).execute(intent)``."""
-    return IntentExecutor(sandbox, state=state, **options).execute(intent)
-
-
 # Runs inside the sandbox: reads {"path", "offset", "limit", "line_max", "out_max", "scan_max"} on stdin,
 # prints {"start", "lines", "total_lines", "more", "size", "error"}. Memory stays at a chunk and one
 # capped line: a huge file (or one huge line) is streamed, never loaded. Lines split on "\n" only.
@@ -650,4 +645,4 @@ items = out[q["offset"]:q["offset"] + q["max"]]
 reply(items, total > q["offset"] + q["max"], total)
 """
 
-__all__ = ["DEFAULT_READ_LIMIT", "EpisodeState", "IntentArgError", "IntentExecutor", "IntentRefused", "execute_intent", "looks_binary"]
+__all__ = ["DEFAULT_READ_LIMIT", "EpisodeState", "IntentArgError", "IntentExecutor", "IntentRefused", "looks_binary"]

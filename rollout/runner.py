@@ -252,9 +252,6 @@ class RayRunner:
     async def resume(self) -> None:
         await asyncio.gather(*(c.resume() for c in self.clients))
 
-    async def workers_info(self) -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(c.info() for c in self.clients), return_exceptions=False))
-
     async def close(self) -> None:
         import ray
 
