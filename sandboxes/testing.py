@@ -1,0 +1,1009 @@
+"""In-memory fakes of the sandbox contract for unit tests: ``FakeSandbox`` and ``FakeBackend``.
+
+They pass the backend contract tests (``tests/sandboxes/test_contract.py``) for every property an
+in-memory object can have; the ones it cannot (processes, signals sent by the kernel, output floods
+through pipes, isolation) are excluded there with the reason. What they model:
+
+* **files**: a tree held in memory, ``files`` (absolute path -> bytes, which a test may read and
+  change directly), ``modes``, ``dirs`` (explicit directories; every parent of an entry is one too),
+  ``links`` (symlinks), ``fifos`` and ``sparse`` (path -> size: files of zero bytes never
+  materialised, so a test can plant a terabyte). ``read_file`` follows symlinks and honours
+  ``limit``/``READ_LIMIT``; reading a FIFO raises ``AssertionError``, since on a real sandbox it
+  blocks forever.
+* **exec**: a small shell (``FakeShell``): ``;``, ``&&``, ``||``, ``>``/``>>``/``<``, ``>&2``/``2>&1``,
+  ``$VAR``/``${VAR:-default}``/``$$``, and the commands in ``FakeShell.COMMANDS`` (echo, printf, cat,
+  ls, test, mkdir, rm, ln, mv, cp, chmod, touch, truncate, wc, head, tail, mktemp, stat, od,
+  sleep, kill, sh/bash ``-c``/``-s``, executable scripts, ...). No pipes, background jobs, command
+  substitution or control flow: those exit 2 with ``fake shell: unsupported``; an unknown program
+  exits 127, as in sh. ``handler(sandbox, command_text)`` scripts anything else (pytest, a check
+  script): it sees every command but an argv list naming a modelled program (the file plumbing
+  library code does with ``["rm", "-rf", "--", ...]``, ``["mktemp", "-d", ...]``), and may return
+  None to let the shell answer. Every call is recorded (``commands``, ``execs``, ``last_argv``,
+  ``last_env``, ``last_stdin``; ``reads`` for ``read_file``).
+* **deadlines**: the shell checks the deadline before each command and ``sleep`` sleeps only until
+  it, then the result is ``timed_out`` with exit 124. Output past the spec's ``output_limit`` is
+  dropped and ``truncated`` set.
+* **snapshots**: ``snapshot`` copies the tree into a process-wide store (a host's snapshot store:
+  any ``FakeBackend`` restores any fake snapshot), with ``parent``/``depth`` lineage; ``restore``,
+  ``fork`` and (when enabled) ``apply_snapshot`` copy it back. FAST and IMAGE behave alike.
+* **lifecycle**: ``close`` is idempotent; after it, or after ``kill`` (the container died under
+  us), every call raises ``SandboxLost``. ``FakeBackend.close`` closes every sandbox it made.
+
+Optional capabilities are off unless asked for, so ``isinstance`` checks against
+``ResettableBackend`` and ``SnapshotApplier`` see what a test chose (``FakeBackend(resettable=True,
+applies_snapshots=True)``); a fake sandbox is never ``Quiescable`` (subclass it to add ``quiesce``).
+
+    backend = FakeBackend()
+    sandbox = backend.create(SandboxSpec(image="img:1"))
+    sandbox.write_file("/workspace/a.txt", "hi\\n")
+    assert sandbox.exec("cat a.txt && echo more > b.txt").stdout == "hi\\n"
+    ref = sandbox.snapshot()
+    assert backend.restore(ref).read_file("/workspace/b.txt") == b"more\\n"
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import posixpath
+import re
+import shlex
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandboxes.errors import SandboxError, SandboxFileNotFound, SandboxFileTooLarge, SandboxLost, SnapshotError, SpecError
+from sandboxes.types import DEFAULT_EXEC_TIMEOUT_S, READ_LIMIT, ExecResult, FileEntry, SandboxSpec, SnapshotKind, SnapshotRef
+
+Handler = Callable[["FakeSandbox", str], "ExecResult | None"]
+
+_ids = itertools.count()
+_snapshots: dict[str, _Tree] = {}  # ref id -> the tree it captured (process-wide, like a host's store)
+_snapshots_lock = threading.Lock()
+
+
+@dataclass
+class _Tree:
+    """Everything a snapshot captures: the files, never processes."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    modes: dict[str, int] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=set)
+    links: dict[str, str] = field(default_factory=dict)
+    fifos: set[str] = field(default_factory=set)
+    sparse: dict[str, int] = field(default_factory=dict)
+
+
+def _pristine_tree(spec: SandboxSpec) -> _Tree:
+    return _Tree(dirs={"/", "/tmp", spec.workdir})
+
+
+class FakeSandbox:
+    """One in-memory sandbox; see the module docstring. Made by ``FakeBackend`` or directly.
+
+    ``files`` seeds the tree (absolute path -> bytes). ``special`` plants what a test cannot write:
+    path -> ``"dir"``, ``"symlink"`` (a dangling link), ``"fifo"`` or an int (a sparse file of that
+    many bytes). ``spec`` defaults to ``SandboxSpec(image="fake")``.
+    """
+
+    def __init__(
+        self,
+        files: Mapping[str, bytes] | None = None,
+        *,
+        handler: Handler | None = None,
+        special: Mapping[str, Any] | None = None,
+        spec: SandboxSpec | None = None,
+        backend: FakeBackend | None = None,
+        origin: SnapshotRef | None = None,
+    ) -> None:
+        self._spec = spec or SandboxSpec(image="fake")
+        self._id = f"fake-{next(_ids)}"
+        self._backend = backend
+        self._origin = origin
+        tree = _pristine_tree(self._spec)
+        self.files, self.modes, self.dirs = tree.files, tree.modes, tree.dirs
+        self.links, self.fifos, self.sparse = tree.links, tree.fifos, tree.sparse
+        self.files.update(files or {})
+        for path, kind in (special or {}).items():
+            if kind == "dir":
+                self.dirs.add(path)
+            elif kind == "symlink":
+                self.links[path] = "/nonexistent"
+            elif kind == "fifo":
+                self.fifos.add(path)
+            elif isinstance(kind, int):
+                self.sparse[path] = kind
+            else:
+                raise SpecError(f"special[{path!r}] must be 'dir', 'symlink', 'fifo' or a size, got {kind!r}")
+        self.handler = handler
+        self.closed = False
+        self.killed = False
+        self.commands: list[str] = []
+        self.execs: list[tuple[list[str], dict[str, str], bytes | None]] = []
+        self.last_argv: list[str] = []
+        self.last_env: dict[str, str] = {}
+        self.last_stdin: bytes | None = None
+        self.reads: list[tuple[str, int | None]] = []
+        self._lock = threading.RLock()
+
+    # -- the Sandbox protocol ---------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._spec
+
+    def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        self._alive()
+        argv = [cmd] if isinstance(cmd, str) else list(cmd)
+        text = cmd if isinstance(cmd, str) else " ".join(cmd)
+        self.commands.append(text)
+        self.last_argv, self.last_env, self.last_stdin = argv, dict(env or {}), stdin
+        self.execs.append((self.last_argv, self.last_env, stdin))
+        modelled = not isinstance(cmd, str) and bool(argv) and argv[0] in FakeShell.COMMANDS and argv[0] not in ("sh", "bash")
+        if self.handler is not None and not modelled:
+            scripted = self.handler(self, text)
+            if scripted is not None:
+                return scripted
+        limit = DEFAULT_EXEC_TIMEOUT_S if timeout is None else timeout
+        shell = FakeShell(self, env={**self._spec.env, **(env or {})}, cwd=self._abs(cwd or self._spec.workdir),
+                          deadline=time.monotonic() + limit, stdin=stdin)
+        with self._lock:
+            return shell.run(cmd)
+
+    def read_file(self, path: str, *, limit: int | None = None) -> bytes:
+        self._alive()
+        self.reads.append((path, limit))
+        real = self.follow(self._abs(path))
+        kind = self.kind(real)
+        if kind is None:
+            raise SandboxFileNotFound(f"{path}: no such file in sandbox {self._id}")
+        if kind == "dir":
+            raise SandboxError(f"{path}: is a directory, not a file (sandbox {self._id})")
+        if kind == "fifo":
+            raise AssertionError(f"read_file({path!r}) of a FIFO would block forever on a real sandbox")
+        size = self.sparse[real] if kind == "sparse" else len(self.files[real])
+        cap = READ_LIMIT if limit is None else limit
+        if size > cap:
+            raise SandboxFileTooLarge(f"{path}: {size} bytes, over the {cap}-byte limit")
+        return bytes(size) if kind == "sparse" else self.files[real]
+
+    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        self._alive()
+        with self._lock:
+            self.put(self._abs(path), data.encode() if isinstance(data, str) else bytes(data), mode)
+
+    def list_files(self, path: str, *, recursive: bool = False) -> list[FileEntry]:
+        self._alive()
+        base = self.follow(self._abs(path))
+        if self.kind(base) != "dir":
+            raise SandboxFileNotFound(f"{path}: no such directory in sandbox {self._id}")
+        prefix = base.rstrip("/") + "/"
+        found = {p for p in self._all_paths() if p.startswith(prefix)}
+        found |= {parent for p in found for parent in _parents(p) if parent.startswith(prefix)}
+        if not recursive:
+            found = {p for p in found if "/" not in p[len(prefix):]}
+        return [self._entry(p) for p in sorted(found)]
+
+    def snapshot(self, kind: SnapshotKind = SnapshotKind.FAST, *, tag: str | None = None) -> SnapshotRef:
+        self._alive()
+        with self._lock:
+            tree = copy.deepcopy(self._tree())
+        parent = self._origin
+        ref = SnapshotRef(
+            id=uuid.uuid4().hex[:12], kind=SnapshotKind(kind), backend=self._backend.name if self._backend else "fake",
+            base_image=self._spec.image, location=f"memory:{tag or ''}", spec=self._spec,
+            parent=parent.id if parent else None, depth=parent.depth + 1 if parent else 0,
+        )
+        with _snapshots_lock:
+            _snapshots[ref.id] = tree
+        return ref
+
+    def close(self) -> None:
+        self.closed = True
+
+    # -- what a test does to it -------------------------------------------------------
+
+    def kill(self) -> None:
+        """The sandbox dies under us (container killed): every later call raises ``SandboxLost``."""
+        self.killed = True
+
+    def grading_exec(self) -> tuple[list[str], dict[str, str], bytes | None]:
+        """The argv, env and stdin of the unit-tests verifier's ``bash -c`` grading command."""
+        return next(e for e in self.execs if e[0][:2] == ["bash", "-c"] and len(e[0]) > 9)
+
+    # -- the tree (used by FakeShell) -------------------------------------------------
+
+    def kind(self, path: str) -> str | None:
+        """``file``, ``sparse``, ``fifo``, ``link``, ``dir`` or None (absent); links are not followed."""
+        if path in self.files:
+            return "file"
+        if path in self.sparse:
+            return "sparse"
+        if path in self.fifos:
+            return "fifo"
+        if path in self.links:
+            return "link"
+        if path in self.dirs or path == "/":
+            return "dir"
+        prefix = path.rstrip("/") + "/"
+        return "dir" if any(p.startswith(prefix) for p in self._all_paths()) else None
+
+    def follow(self, path: str) -> str:
+        for _ in range(40):
+            if path not in self.links:
+                return path
+            path = posixpath.normpath(posixpath.join(posixpath.dirname(path), self.links[path]))
+        raise SandboxError(f"{path}: too many levels of symbolic links")
+
+    def size(self, path: str) -> int:
+        return {"file": lambda: len(self.files[path]), "sparse": lambda: self.sparse[path],
+                "link": lambda: len(self.links[path])}.get(self.kind(path) or "", lambda: 0)()
+
+    def put(self, path: str, data: bytes, mode: int | None = None) -> None:
+        """Create or replace a regular file (parents made); ``mode=None`` keeps an existing file's mode."""
+        if self.kind(path) == "dir":
+            raise SandboxError(f"{path}: is a directory")
+        old = self.modes.get(path, 0o644) if path in self.files or path in self.sparse else 0o644
+        self.remove(path)
+        self.files[path] = data
+        self.modes[path] = old if mode is None else mode
+        self.dirs.update(_parents(path))
+
+    def remove(self, path: str) -> None:
+        """Delete ``path`` and everything under it."""
+        prefix = path.rstrip("/") + "/"
+        for store in (self.files, self.modes, self.links, self.sparse):
+            for p in [p for p in store if p == path or p.startswith(prefix)]:
+                del store[p]  # type: ignore[attr-defined]
+        for group in (self.dirs, self.fifos):
+            group.difference_update({p for p in group if p == path or p.startswith(prefix)})
+
+    def load(self, tree: _Tree) -> None:
+        """Replace the whole tree by a copy of ``tree`` (restore, apply, reset)."""
+        fresh = copy.deepcopy(tree)
+        with self._lock:
+            for name in ("files", "modes", "dirs", "links", "fifos", "sparse"):
+                mine = getattr(self, name)
+                mine.clear()
+                mine.update(getattr(fresh, name))
+
+    # -- internals --------------------------------------------------------------------
+
+    def _alive(self) -> None:
+        if self.killed:
+            raise SandboxLost(f"sandbox {self._id} was killed")
+        if self.closed:
+            raise SandboxLost(f"sandbox {self._id} is closed")
+
+    def _abs(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self._spec.workdir, path))
+
+    def _tree(self) -> _Tree:
+        return _Tree(self.files, self.modes, self.dirs, self.links, self.fifos, self.sparse)
+
+    def _all_paths(self) -> Iterator[str]:
+        yield from itertools.chain(self.files, self.sparse, self.fifos, self.links, self.dirs)
+
+    def _entry(self, path: str) -> FileEntry:
+        kind = self.kind(path)
+        if kind == "dir":
+            return FileEntry(path, 0, True, 0o755)
+        if kind == "link":
+            return FileEntry(path, self.size(path), False, 0o777, is_symlink=True)
+        return FileEntry(path, self.size(path), False, self.modes.get(path, 0o644))
+
+
+def _parents(path: str) -> list[str]:
+    out = []
+    while (path := posixpath.dirname(path)) not in ("", "/"):
+        out.append(path)
+    return out
+
+
+class FakeBackend:
+    """Makes ``FakeSandbox``es; records what it was asked to do (``made``, ``restored``, ``applied``, ``resets``).
+
+    ``create_delay`` slows every start; ``fail`` makes every ``create`` raise ``SandboxError(fail)``.
+    ``applies_snapshots`` adds ``apply_snapshot`` (``SnapshotApplier``); ``resettable`` adds ``reset``
+    (``ResettableBackend``), which takes ``reset_delay`` and refuses (returns False) when
+    ``refuse_reset(sandbox)`` says so. ``handler`` is given to every sandbox it makes.
+    """
+
+    name = "fake"
+    apply_snapshot: Callable[[FakeSandbox, SnapshotRef], None]
+    reset: Callable[..., bool]
+
+    def __init__(
+        self,
+        *,
+        create_delay: float = 0.0,
+        fail: str | None = None,
+        applies_snapshots: bool = False,
+        resettable: bool = False,
+        reset_delay: float = 0.0,
+        refuse_reset: Callable[[FakeSandbox], bool] | None = None,
+        handler: Handler | None = None,
+    ) -> None:
+        self.create_delay, self.fail, self.handler = create_delay, fail, handler
+        self.reset_delay, self.refuse_reset = reset_delay, refuse_reset
+        self.made: list[FakeSandbox] = []
+        self.restored: list[str] = []
+        self.applied: list[tuple[str, str]] = []
+        self.resets: list[str] = []
+        self._lock = threading.Lock()
+        if applies_snapshots:
+            self.apply_snapshot = self._apply_snapshot
+        if resettable:
+            self.reset = self._reset
+
+    def create(self, spec: SandboxSpec) -> FakeSandbox:
+        return self._new(spec, None)
+
+    def restore(self, ref: SnapshotRef) -> FakeSandbox:
+        tree = _stored(ref)
+        sandbox = self._new(ref.spec, ref)
+        sandbox.load(tree)
+        with self._lock:
+            self.restored.append(ref.id)
+        return sandbox
+
+    def fork(self, ref: SnapshotRef, n: int) -> list[FakeSandbox]:
+        if n < 1:
+            raise SpecError(f"fork needs n >= 1, got {n}")
+        return [self.restore(ref) for _ in range(n)]
+
+    def close(self) -> None:
+        with self._lock:
+            made = list(self.made)
+        for sandbox in made:
+            sandbox.close()
+
+    def kill(self, sandbox: FakeSandbox) -> None:
+        sandbox.kill()
+
+    def open_count(self) -> int:
+        return sum(not s.closed for s in self.made)
+
+    def _new(self, spec: SandboxSpec, origin: SnapshotRef | None) -> FakeSandbox:
+        time.sleep(self.create_delay)
+        if self.fail:
+            raise SandboxError(self.fail)
+        sandbox = FakeSandbox(spec=spec, backend=self, origin=origin, handler=self.handler)
+        with self._lock:
+            self.made.append(sandbox)
+        return sandbox
+
+    def _apply_snapshot(self, sandbox: FakeSandbox, ref: SnapshotRef) -> None:
+        sandbox._alive()
+        sandbox.load(_stored(ref))
+        sandbox._origin = ref
+        with self._lock:
+            self.applied.append((sandbox.id, ref.id))
+
+    def _reset(self, sandbox: FakeSandbox, timeout: float | None = None) -> bool:
+        time.sleep(self.reset_delay)
+        with self._lock:
+            self.resets.append(sandbox.id)
+        if sandbox.closed or sandbox.killed or (self.refuse_reset is not None and self.refuse_reset(sandbox)):
+            return False
+        sandbox.load(_pristine_tree(sandbox.spec))
+        sandbox._origin = None
+        return True
+
+
+def _stored(ref: SnapshotRef) -> _Tree:
+    with _snapshots_lock:
+        tree = _snapshots.get(ref.id)
+    if tree is None:
+        raise SnapshotError(f"snapshot {ref.id} ({ref.kind.value}) was not made by a fake sandbox in this process")
+    return tree
+
+
+# -- the shell ------------------------------------------------------------------------
+
+
+class _Exit(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+class _Deadline(Exception):
+    pass
+
+
+_VAR = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*|[0-9$?]))")
+_UNSUPPORTED = ("|", "&", "<<", ";;&")
+_FAKE_PID = 4242
+_FD = "\x00fd"  # marks a descriptor number written against its redirection (never in a real word)
+
+
+class FakeShell:
+    """The little sh a ``FakeSandbox`` runs commands with (see the module docstring for its limits)."""
+
+    COMMANDS = frozenset({
+        "true", "false", ":", "exit", "echo", "printf", "cat", "ls", "test", "[", "mkdir", "rm", "rmdir", "ln", "mv",
+        "cp", "chmod", "touch", "truncate", "wc", "head", "tail", "mktemp", "stat", "sleep", "kill", "pwd", "cd",
+        "sh", "bash", "export", "od",
+    })
+
+    def __init__(self, sandbox: FakeSandbox, *, env: Mapping[str, str], cwd: str, deadline: float,
+                 stdin: bytes | None) -> None:
+        self.sb, self.env, self.cwd, self.deadline = sandbox, dict(env), cwd, deadline
+        self.stdin = stdin or b""
+        self.out, self.err = bytearray(), bytearray()
+        self.status = 0
+        self.positional: list[str] = []
+
+    def run(self, cmd: str | Sequence[str]) -> ExecResult:
+        start = time.monotonic()
+        timed_out = False
+        try:
+            if isinstance(cmd, str):
+                self.status = self.script(cmd)
+            else:
+                self.status = self.command(list(cmd), self.out, self.err)
+        except _Exit as done:
+            self.status = done.code
+        except _Deadline:
+            self.status, timed_out = 124, True
+        limit = self.sb.spec.output_limit
+        stdout, stderr = bytes(self.out[:limit]), bytes(self.err[:limit])
+        return ExecResult(self.status, stdout.decode(errors="replace"), stderr.decode(errors="replace"),
+                          timed_out=timed_out, truncated=len(self.out) > limit or len(self.err) > limit,
+                          duration_s=time.monotonic() - start)
+
+    # -- parsing --------------------------------------------------------------------
+
+    def script(self, text: str) -> int:
+        try:
+            tokens = self._tokens(self._expand(text))
+        except ValueError as exc:
+            self.err += f"fake shell: {exc}\n".encode()
+            return 2
+        status, op, words = 0, ";", []
+        for token in [*tokens, ";"]:
+            if token in (";", "&&", "||") or set(token) == {";"}:
+                if words:
+                    if op == ";" or (op == "&&" and status == 0) or (op == "||" and status != 0):
+                        status = self.simple(words)
+                        self.status = status
+                    words = []
+                op = ";" if set(token) == {";"} else token
+            elif token in _UNSUPPORTED or token.startswith("|") or token.startswith("&"):
+                self.err += f"fake shell: unsupported: {token}\n".encode()
+                return 2
+            else:
+                words.append(token)
+        return status
+
+    def _expand(self, text: str) -> str:
+        """Variables expanded, unquoted newlines turned into ``;``, comments dropped (quotes kept)."""
+        out: list[str] = []
+        single = double = False
+        i = 0
+        while i < len(text):
+            c = text[i]
+            if c == "\\" and not single:
+                out.append(text[i:i + 2])
+                i += 2
+                continue
+            if c == "'" and not double:
+                single = not single
+            elif c == '"' and not single:
+                double = not double
+            elif not single and (c == "`" or text.startswith("$(", i)):
+                raise ValueError("unsupported: command substitution")
+            elif c == "$" and not single and (m := _VAR.match(text, i)):
+                value = self._var(m)
+                out.append(value.replace("\\", "\\\\").replace('"', '\\"') if double else shlex.quote(value) if value else "")
+                i = m.end()
+                continue
+            elif c == "\n" and not single and not double:
+                c = ";"
+            elif c in "12" and not single and not double and text.startswith(">", i + 1) and (not out or out[-1][-1:] in (" ", "\t", ";")):
+                c = f"{_FD}{c} "  # "2>" names a descriptor; "echo 2 >f" does not
+            elif c == "#" and not single and not double and (not out or out[-1][-1:] in (" ", "\t", ";", "")):
+                while i < len(text) and text[i] != "\n":
+                    i += 1
+                continue
+            out.append(c)
+            i += 1
+        return "".join(out)
+
+    def _var(self, m: re.Match[str]) -> str:
+        name = m.group("braced") or m.group("plain")
+        if name == "$":
+            return str(_FAKE_PID)
+        if name == "?":
+            return str(self.status)
+        if name.isdigit():
+            n = int(name)
+            return self.positional[n] if n < len(self.positional) else ""
+        value = self.env.get(name, "")
+        return value if value or m.group("default") is None else m.group("default")
+
+    @staticmethod
+    def _tokens(text: str) -> list[str]:
+        lex = shlex.shlex(text, posix=True, punctuation_chars=";&|<>")
+        lex.whitespace_split, lex.commenters = True, ""
+        return list(lex)
+
+    # -- running ----------------------------------------------------------------------
+
+    def simple(self, words: list[str]) -> int:
+        """One command with its redirections."""
+        argv: list[str] = []
+        out, err = self.out, self.err
+        targets: list[tuple[str, str]] = []  # (fd, how): how is "w:path", "a:path", "dup" or "null"
+        stdin: bytes | None = None
+        i = 0
+        while i < len(words):
+            w = words[i]
+            fd = "1"
+            if w in (f"{_FD}1", f"{_FD}2") and i + 1 < len(words) and words[i + 1] in (">", ">>", ">&"):
+                fd, i = w[-1], i + 1
+                w = words[i]
+            if w in (">", ">>"):
+                path = words[i + 1] if i + 1 < len(words) else ""
+                targets.append((fd, "null" if path == "/dev/null" else ("a:" if w == ">>" else "w:") + path))
+                i += 2
+            elif w == ">&":
+                targets.append((fd, "dup" + (words[i + 1] if i + 1 < len(words) else "")))
+                i += 2
+            elif w == "<":
+                try:
+                    stdin = self._read(words[i + 1])
+                except OSError as exc:
+                    self.err += f"sh: {exc}\n".encode()
+                    return 1
+                i += 2
+            else:
+                argv.append(w)
+                i += 1
+        if not argv:
+            return 0
+        bufs = {"1": bytearray(), "2": bytearray()}
+        saved = self.stdin
+        if stdin is not None:
+            self.stdin = stdin
+        try:
+            status = self.command(argv, bufs["1"], bufs["2"])
+        finally:
+            if stdin is not None:
+                self.stdin = saved
+            self._route(bufs, targets, out, err)
+        return status
+
+    def _route(self, bufs: dict[str, bytearray], targets: list[tuple[str, str]], out: bytearray, err: bytearray) -> None:
+        sinks: dict[str, bytearray | None] = {"1": out, "2": err}
+        for fd, how in targets:
+            if how == "null":
+                sinks[fd] = None
+            elif how.startswith("dup"):
+                sinks[fd] = sinks.get(how[3:], out)
+            else:
+                path = self._abs(how[2:])
+                old = self._read(path) if how.startswith("a:") and self.sb.kind(self.sb.follow(path)) else b""
+                self.sb.put(self.sb.follow(path), old)
+                sinks[fd] = _FileSink(self, self.sb.follow(path))  # type: ignore[assignment]
+        for fd in ("1", "2"):
+            sink = sinks[fd]
+            if sink is not None:
+                sink += bufs[fd]
+
+    def command(self, argv: list[str], out: bytearray, err: bytearray) -> int:
+        if time.monotonic() > self.deadline:
+            raise _Deadline
+        name, args = argv[0], argv[1:]
+        if "/" in name:
+            return self._run_file(name, args, out, err)
+        if name not in self.COMMANDS:
+            err += f"sh: {name}: command not found\n".encode()
+            return 127
+        try:
+            return getattr(self, "_c_" + {"[": "test", ":": "true"}.get(name, name))(args, out, err)
+        except (OSError, SandboxError, ValueError, IndexError) as exc:
+            err += f"{name}: {exc}\n".encode()
+            return 1
+
+    def _run_file(self, name: str, args: list[str], out: bytearray, err: bytearray) -> int:
+        path = self.sb.follow(self._abs(name))
+        kind = self.sb.kind(path)
+        if kind is None:
+            err += f"sh: {name}: not found\n".encode()
+            return 127
+        if kind != "file" or not self.sb.modes.get(path, 0o644) & 0o111:
+            err += f"sh: {name}: Permission denied\n".encode()
+            return 126
+        body = self.sb.files[path].decode(errors="replace")
+        first = body.split("\n", 1)[0]
+        if first.startswith("#!") and not re.search(r"\b(sh|bash)\b", first):
+            err += f"fake shell: unsupported interpreter {first[2:].strip()!r}\n".encode()
+            return 126
+        return self._sub(body, [name, *args], out, err)
+
+    def _sub(self, body: str, positional: list[str], out: bytearray, err: bytearray) -> int:
+        child = FakeShell(self.sb, env=self.env, cwd=self.cwd, deadline=self.deadline, stdin=self.stdin)
+        child.positional, child.out, child.err = positional, out, err
+        try:
+            status = child.script(body)
+        except _Exit as done:
+            status = done.code
+        self.stdin = child.stdin
+        return status
+
+    def _abs(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.cwd, path))
+
+    def _read(self, path: str) -> bytes:
+        real = self.sb.follow(self._abs(path))
+        kind = self.sb.kind(real)
+        if kind is None:
+            raise FileNotFoundError(f"{path}: No such file or directory")
+        if kind == "dir":
+            raise IsADirectoryError(f"{path}: Is a directory")
+        if kind == "fifo":
+            raise OSError(f"{path}: a FIFO (reading it would block)")
+        return bytes(self.sb.sparse[real]) if kind == "sparse" else self.sb.files[real]
+
+    def _take_stdin(self) -> bytes:
+        data, self.stdin = self.stdin, b""
+        return data
+
+    def _inputs(self, files: list[str]) -> bytes:
+        return b"".join(self._take_stdin() if f == "-" else self._read(f) for f in files) if files else self._take_stdin()
+
+    # -- the commands -----------------------------------------------------------------
+
+    def _c_true(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        return 0
+
+    def _c_false(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        return 1
+
+    def _c_exit(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        raise _Exit(int(args[0]) & 0xFF if args else self.status)
+
+    def _c_export(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        for a in args:
+            key, _, value = a.partition("=")
+            if _:
+                self.env[key] = value
+        return 0
+
+    def _c_pwd(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        out += f"{self.cwd}\n".encode()
+        return 0
+
+    def _c_cd(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        target = self.sb.follow(self._abs(args[0] if args else self.sb.spec.workdir))
+        if self.sb.kind(target) != "dir":
+            raise FileNotFoundError(f"{args[0]}: No such directory")
+        self.cwd = target
+        return 0
+
+    def _c_echo(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        newline = not (args and args[0] == "-n")
+        out += (" ".join(args[1:] if not newline else args) + ("\n" if newline else "")).encode()
+        return 0
+
+    def _c_printf(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        escapes = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "0": "\0", "a": "\a"}
+        fmt = re.sub(r"\\(.)", lambda m: escapes.get(m.group(1), m.group(0)), args[0])
+        rest = args[1:]
+        specs = re.findall(r"%[-0-9.]*[sdi%]", fmt)
+        used = sum(s != "%%" for s in specs)
+        while True:
+            chunk, rest = rest[:used], rest[used:]
+            values = iter(chunk)
+
+            def fill(m: re.Match[str]) -> str:
+                spec = m.group(0)
+                if spec == "%%":
+                    return "%"
+                value = next(values, "")
+                return (spec[:-1] + "d") % int(value or 0) if spec[-1] in "di" else spec % value
+
+            out += re.sub(r"%[-0-9.]*[sdi%]", fill, fmt).encode()
+            if not rest or not used:
+                return 0
+
+    def _c_cat(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        out += self._inputs([a for a in args if a != "--"])
+        return 0
+
+    def _c_ls(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        show_all = any(a.startswith("-") and "a" in a for a in args)
+        targets = [a for a in args if not a.startswith("-")] or ["."]
+        status = 0
+        for t in targets:
+            path = self.sb.follow(self._abs(t))
+            kind = self.sb.kind(path)
+            if kind is None:
+                err += f"ls: cannot access '{t}': No such file or directory\n".encode()
+                status = 2
+            elif kind != "dir":
+                out += f"{t}\n".encode()
+            else:
+                names = [posixpath.basename(e.path) for e in self.sb.list_files(path)]
+                out += "".join(f"{n}\n" for n in names if show_all or not n.startswith(".")).encode()
+        return status
+
+    def _c_test(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        if args and args[-1] == "]":
+            args = args[:-1]
+        return 0 if self._test(args) else 1
+
+    def _test(self, a: list[str]) -> bool:
+        if not a:
+            return False
+        if a[0] == "!":
+            return not self._test(a[1:])
+        if len(a) == 1:
+            return a[0] != ""
+        if len(a) == 2:
+            op, x = a
+            if op in ("-n", "-z"):
+                return (x != "") == (op == "-n")
+            real = self._abs(x) if op in ("-L", "-h") else self.sb.follow(self._abs(x))
+            kind = self.sb.kind(real)
+            return {
+                "-e": kind is not None, "-f": kind in ("file", "sparse"), "-d": kind == "dir", "-L": kind == "link",
+                "-h": kind == "link", "-p": kind == "fifo", "-s": kind is not None and self.sb.size(real) > 0,
+                "-x": kind is not None and bool(self.sb.modes.get(real, 0o755 if kind == "dir" else 0o644) & 0o111),
+                "-r": kind is not None, "-w": kind is not None,
+            }[op]
+        x, op, y = a[0], a[1], a[2]
+        ints = {"-eq": int.__eq__, "-ne": int.__ne__, "-lt": int.__lt__, "-le": int.__le__, "-gt": int.__gt__, "-ge": int.__ge__}
+        if op in ints:
+            return bool(ints[op](int(x), int(y)))
+        return {"=": x == y, "==": x == y, "!=": x != y}[op]
+
+    def _c_mkdir(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        parents = "-p" in args
+        for a in (a for a in args if not a.startswith("-")):
+            path = self._abs(a)
+            if self.sb.kind(path) is not None and not parents:
+                raise FileExistsError(f"cannot create directory '{a}': File exists")
+            if not parents and self.sb.kind(posixpath.dirname(path)) != "dir":
+                raise FileNotFoundError(f"cannot create directory '{a}': No such file or directory")
+            self.sb.dirs.update({path, *_parents(path)})
+        return 0
+
+    def _c_rm(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        flags = "".join(a[1:] for a in itertools.takewhile(lambda a: a != "--", args) if a.startswith("-"))
+        paths = args[args.index("--") + 1:] if "--" in args else [a for a in args if not a.startswith("-")]
+        status = 0
+        for p in paths:
+            path = self._abs(p)
+            kind = self.sb.kind(path)
+            if kind is None:
+                if "f" not in flags:
+                    err += f"rm: cannot remove '{p}': No such file or directory\n".encode()
+                    status = 1
+            elif kind == "dir" and not set(flags) & {"r", "R"}:
+                err += f"rm: cannot remove '{p}': Is a directory\n".encode()
+                status = 1
+            else:
+                self.sb.remove(path)
+        return status
+
+    def _c_rmdir(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        for a in args:
+            path = self._abs(a)
+            if self.sb.kind(path) != "dir" or self.sb.list_files(path):
+                raise OSError(f"failed to remove '{a}': not an empty directory")
+            self.sb.remove(path)
+        return 0
+
+    def _c_ln(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        if not any(a.startswith("-") and "s" in a for a in args):
+            raise ValueError("only symbolic links (ln -s) are modelled")
+        target, link = [a for a in args if not a.startswith("-")][:2]
+        path = self._abs(link)
+        if self.sb.kind(path) is not None:
+            if not any(a.startswith("-") and "f" in a for a in args):
+                raise FileExistsError(f"failed to create symbolic link '{link}': File exists")
+            self.sb.remove(path)
+        self.sb.links[path] = target
+        self.sb.dirs.update(_parents(path))
+        return 0
+
+    def _c_mv(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        src, dst = (self._abs(a) for a in [a for a in args if not a.startswith("-")][:2])
+        if self.sb.kind(dst) == "dir":
+            dst = posixpath.join(dst, posixpath.basename(src))
+        self._copy(src, dst)
+        self.sb.remove(src)
+        return 0
+
+    def _c_cp(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        src, dst = (self._abs(a) for a in [a for a in args if not a.startswith("-")][:2])
+        if self.sb.kind(dst) == "dir":
+            dst = posixpath.join(dst, posixpath.basename(src))
+        if self.sb.kind(src) == "dir" and not any(a.startswith("-") and set(a) & {"r", "R", "a"} for a in args):
+            raise IsADirectoryError(f"-r not specified; omitting directory '{src}'")
+        self._copy(src, dst)
+        return 0
+
+    def _copy(self, src: str, dst: str) -> None:
+        if self.sb.kind(src) is None:
+            raise FileNotFoundError(f"cannot stat '{src}': No such file or directory")
+        prefix = src.rstrip("/") + "/"
+        sb = self.sb
+        for store in (sb.files, sb.modes, sb.links, sb.sparse):
+            for p in [p for p in store if p == src or p.startswith(prefix)]:
+                store[dst + p[len(src):]] = store[p]  # type: ignore[index]
+        for group in (sb.dirs, sb.fifos):
+            group.update({dst + p[len(src):] for p in group if p == src or p.startswith(prefix)})
+        sb.dirs.update(_parents(dst))
+
+    def _c_chmod(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        mode, *paths = [a for a in args if not a.startswith("-") or re.fullmatch(r"-[rwx]+", a)]
+        for p in paths:
+            path = self.sb.follow(self._abs(p))
+            if self.sb.kind(path) is None:
+                raise FileNotFoundError(f"cannot access '{p}': No such file or directory")
+            old = self.sb.modes.get(path, 0o644)
+            if re.fullmatch(r"[0-7]{1,4}", mode):
+                new = int(mode, 8)
+            else:
+                m = re.fullmatch(r"([ugoa]*)([+-])([rwx]+)", mode)
+                if not m:
+                    raise ValueError(f"mode {mode!r} is not modelled")
+                who = m.group(1) or "a"
+                bits = sum({"r": 4, "w": 2, "x": 1}[c] for c in m.group(3))
+                mask = sum(bits << s for w, s in (("u", 6), ("g", 3), ("o", 0)) if w in who or "a" in who)
+                new = old | mask if m.group(2) == "+" else old & ~mask
+            self.sb.modes[path] = new
+        return 0
+
+    def _c_touch(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        for a in args:
+            path = self.sb.follow(self._abs(a))
+            if self.sb.kind(path) is None:
+                self.sb.put(path, b"")
+        return 0
+
+    def _c_truncate(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        size = int(args[args.index("-s") + 1])
+        for a in [a for i, a in enumerate(args) if a != "-s" and (i == 0 or args[i - 1] != "-s")]:
+            path = self.sb.follow(self._abs(a))
+            data = self._read(a) if self.sb.kind(path) == "file" else b""
+            mode = self.sb.modes.get(path)
+            if size > len(data) and not data.strip(b"\0"):  # all zeros: keep it sparse, never in memory
+                self.sb.remove(path)
+                self.sb.sparse[path] = size
+                self.sb.modes[path] = 0o644 if mode is None else mode
+                self.sb.dirs.update(_parents(path))
+            else:
+                self.sb.put(path, data[:size].ljust(size, b"\0"), mode)
+        return 0
+
+    def _c_wc(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        files = [a for a in args if not a.startswith("-")]
+        data = self._inputs(files)
+        n = data.count(b"\n") if "-l" in args else len(data.decode(errors="replace").split()) if "-w" in args else len(data)
+        out += (f"{n} {files[0]}\n" if len(files) == 1 else f"{n}\n").encode()
+        return 0
+
+    def _c_head(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        return self._ends(args, out, head=True)
+
+    def _c_tail(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        return self._ends(args, out, head=False)
+
+    def _ends(self, args: list[str], out: bytearray, *, head: bool) -> int:
+        unit, count, files, i = "-n", 10, [], 0
+        while i < len(args):
+            if args[i] in ("-c", "-n"):
+                unit, count, i = args[i], int(args[i + 1]), i + 2
+            elif args[i] == "--":
+                files, i = files + args[i + 1:], len(args)
+            else:
+                files, i = files + [args[i]], i + 1
+        data = self._inputs(files)
+        if unit == "-c":
+            out += data[:count] if head else data[-count:] if count else b""
+        else:
+            lines = data.splitlines(keepends=True)
+            out += b"".join(lines[:count] if head else lines[-count:] if count else [])
+        return 0
+
+    def _c_mktemp(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        names = [a for a in args if not a.startswith("-")]
+        template = names[0] if names else "/tmp/tmp.XXXXXXXXXX"
+        path = self._abs(re.sub(r"X{3,}$", lambda m: uuid.uuid4().hex[: len(m.group(0))], template))
+        if "-d" in args:
+            self.sb.dirs.update({path, *_parents(path)})
+        else:
+            self.sb.put(path, b"", 0o600)
+        out += f"{path}\n".encode()
+        return 0
+
+    def _c_stat(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        fmt = args[args.index("-c") + 1] if "-c" in args else "%n %s"
+        paths = args[args.index("--") + 1:] if "--" in args else [a for a in args if not a.startswith("-") and a != fmt]
+        follow = "-L" in args
+        for p in paths:
+            path = self.sb.follow(self._abs(p)) if follow else self._abs(p)
+            kind = self.sb.kind(path)
+            if kind is None:
+                raise FileNotFoundError(f"cannot statx '{p}': No such file or directory")
+            entry = self.sb._entry(path)
+            fields = {"%s": str(entry.size), "%a": f"{entry.mode & 0o7777:o}", "%n": p, "%F": {
+                "dir": "directory", "link": "symbolic link", "fifo": "fifo"}.get(kind, "regular file")}
+            out += (re.sub(r"%[sanF]", lambda m: fields[m.group(0)], fmt) + "\n").encode()
+        return 0
+
+    def _c_od(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        if not {"-An", "-v", "-tx1"} <= set(args):
+            raise ValueError("only od -An -v -tx1 is modelled")
+        data = self._inputs([a for a in args if not a.startswith("-")])
+        out += "".join(" " + " ".join(f"{b:02x}" for b in data[i:i + 16]) + "\n" for i in range(0, len(data), 16)).encode()
+        return 0
+
+    def _c_sleep(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        want = sum(float(a.rstrip("s")) for a in args)
+        left = self.deadline - time.monotonic()
+        time.sleep(max(0.0, min(want, left)))
+        if want > left:
+            raise _Deadline
+        return 0
+
+    def _c_kill(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        sig = signal.SIGTERM
+        pids = []
+        for a in args:
+            if a.startswith("-") and a != "-s":
+                name = a[1:]
+                sig = signal.Signals(int(name)) if name.isdigit() else signal.Signals["SIG" + name.removeprefix("SIG")]
+            elif a.isdigit():
+                pids.append(int(a))
+        for pid in pids:
+            if pid != _FAKE_PID:
+                err += f"kill: ({pid}) - No such process\n".encode()
+                return 1
+            if sig not in (signal.SIGCHLD, signal.SIGCONT, signal.SIGWINCH, signal.SIGURG):
+                raise _Exit(128 + sig.value)
+        return 0
+
+    def _c_sh(self, args: list[str], out: bytearray, err: bytearray) -> int:
+        if args[:1] == ["-c"]:
+            return self._sub(args[1], args[2:] or ["sh"], out, err)
+        if args[:1] == ["-s"] or not args:
+            return self._sub(self._take_stdin().decode(errors="replace"), ["sh", *args[1:]], out, err)
+        return self._sub(self._read(args[0]).decode(errors="replace"), args, out, err)
+
+    _c_bash = _c_sh
+
+
+class _FileSink:
+    """A redirection target: appends go straight into the sandbox's file."""
+
+    def __init__(self, shell: FakeShell, path: str) -> None:
+        self.shell, self.path = shell, path
+
+    def __iadd__(self, data: bytes | bytearray) -> _FileSink:
+        sb = self.shell.sb
+        sb.put(self.path, sb.files.get(self.path, b"") + bytes(data), None)
+        return self
+
+
+__all__ = ["FakeBackend", "FakeSandbox", "FakeShell", "Handler"]
