@@ -204,10 +204,10 @@ class FakeSandbox:
         self._alive()
         with self._lock:
             tree = copy.deepcopy(self._tree())
-        parent = self._origin
+        parent, ref_id = self._origin, uuid.uuid4().hex[:12]
         ref = SnapshotRef(
-            id=uuid.uuid4().hex[:12], kind=SnapshotKind(kind), backend=self._backend.name if self._backend else "fake",
-            base_image=self._spec.image, location=f"memory:{tag or ''}", spec=self._spec,
+            id=ref_id, kind=SnapshotKind(kind), backend=self._backend.name if self._backend else "fake",
+            base_image=self._spec.image, location=f"memory:{ref_id}", spec=self._spec,
             parent=parent.id if parent else None, depth=parent.depth + 1 if parent else 0,
         )
         with _snapshots_lock:
@@ -268,9 +268,10 @@ class FakeSandbox:
     def remove(self, path: str) -> None:
         """Delete ``path`` and everything under it."""
         prefix = path.rstrip("/") + "/"
-        for store in (self.files, self.modes, self.links, self.sparse):
+        stores: tuple[dict[str, Any], ...] = (self.files, self.modes, self.links, self.sparse)
+        for store in stores:
             for p in [p for p in store if p == path or p.startswith(prefix)]:
-                del store[p]  # type: ignore[attr-defined]
+                del store[p]
         for group in (self.dirs, self.fifos):
             group.difference_update({p for p in group if p == path or p.startswith(prefix)})
 
@@ -476,7 +477,7 @@ class FakeShell:
         except ValueError as exc:
             self.err += f"fake shell: {exc}\n".encode()
             return 2
-        status, op, words = 0, ";", []
+        status, op, words = 0, ";", list[str]()
         for token in [*tokens, ";"]:
             if token in (";", "&&", "||") or set(token) == {";"}:
                 if words:
@@ -847,9 +848,10 @@ class FakeShell:
             raise FileNotFoundError(f"cannot stat '{src}': No such file or directory")
         prefix = src.rstrip("/") + "/"
         sb = self.sb
-        for store in (sb.files, sb.modes, sb.links, sb.sparse):
+        stores: tuple[dict[str, Any], ...] = (sb.files, sb.modes, sb.links, sb.sparse)
+        for store in stores:
             for p in [p for p in store if p == src or p.startswith(prefix)]:
-                store[dst + p[len(src):]] = store[p]  # type: ignore[index]
+                store[dst + p[len(src):]] = store[p]
         for group in (sb.dirs, sb.fifos):
             group.update({dst + p[len(src):] for p in group if p == src or p.startswith(prefix)})
         sb.dirs.update(_parents(dst))
@@ -910,7 +912,7 @@ class FakeShell:
         return self._ends(args, out, head=False)
 
     def _ends(self, args: list[str], out: bytearray, *, head: bool) -> int:
-        unit, count, files, i = "-n", 10, [], 0
+        unit, count, files, i = "-n", 10, list[str](), 0
         while i < len(args):
             if args[i] in ("-c", "-n"):
                 unit, count, i = args[i], int(args[i + 1]), i + 2
