@@ -136,7 +136,7 @@ class IntentExecutor:
         self.output_limit = output_limit
         self.state = state if state is not None else EpisodeState()
         # The in-sandbox agent holds a file it sends: stay well under its memory limit.
-        memory = getattr(sandbox.spec, "memory_mb", 1024) << 20
+        memory = sandbox.spec.memory_mb << 20
         self.read_limit = read_limit if read_limit is not None else min(WHOLE_FILE_LIMIT, memory // 8)
 
     # ------------------------------------------------------------ dispatch

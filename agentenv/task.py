@@ -121,6 +121,8 @@ class FolderTask(Task):
         variant = task.variant(seed=3)
     """
 
+    folder: Path
+
     def __init__(self, folder: Path | str, spec: TaskSpec | None = None) -> None:
         self.folder = Path(folder).resolve()
         self.spec = spec if spec is not None else load_spec(self.folder)

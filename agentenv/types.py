@@ -20,6 +20,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -319,6 +320,7 @@ class Task(ABC):
     id: str
     domain: Domain
     limits: Limits
+    folder: Path | None = None  # a folder task's folder (its verifiers' files, the oracle cache's key); else None
 
     @abstractmethod
     def variant(self, seed: int) -> Variant: ...

@@ -156,9 +156,7 @@ class InProcessRunner:
     async def close(self) -> None:
         self.gate.open()
         self.episodes.close()
-        close = getattr(self.backend, "close", None)
-        if callable(close):
-            close()
+        self.backend.close()
 
     def describe(self) -> dict[str, Any]:
         return {"runner": self.name, "episodes_run": self.counts["run"], "from_store": self.counts["from_store"]}

@@ -472,29 +472,92 @@ class FakeShell:
     # -- parsing --------------------------------------------------------------------
 
     def script(self, text: str) -> int:
-        try:
-            tokens = self._tokens(self._expand(text))
-        except ValueError as exc:
-            self.err += f"fake shell: {exc}\n".encode()
-            return 2
-        status, op, words = 0, ";", list[str]()
-        for token in [*tokens, ";"]:
-            if token in (";", "&&", "||") or set(token) == {";"}:
-                if words:
-                    if op == ";" or (op == "&&" and status == 0) or (op == "||" and status != 0):
-                        status = self.simple(words)
-                        self.status = status
-                    words = []
-                op = ";" if set(token) == {";"} else token
-            elif token in _UNSUPPORTED or token.startswith("|") or token.startswith("&"):
-                self.err += f"fake shell: unsupported: {token}\n".encode()
-                return 2
-            else:
-                words.append(token)
+        """Run a script: commands joined by ``;``, newlines, ``&&``, ``||``, and ``for ... do ... done`` loops."""
+        return self._run_list(self._split(text))
+
+    def _run_list(self, commands: list[tuple[str, str]]) -> int:
+        status, i = self.status, 0
+        while i < len(commands):
+            op, raw = commands[i]
+            runs = op == ";" or (op == "&&" and status == 0) or (op == "||" and status != 0)
+            if raw.split(None, 1)[0] == "for":
+                end = next((j for j in range(i + 1, len(commands)) if commands[j][1].split()[0] == "done"), None)
+                if end is None or not commands[i + 1][1].startswith("do"):
+                    self.err += b"fake shell: for without do ... done\n"
+                    return 2
+                body = [(";", commands[i + 1][1][2:].strip()), *commands[i + 2:end]]
+                if runs:
+                    status = self._loop(raw, [(o, c) for o, c in body if c])
+                i = end + 1
+                continue
+            if runs:
+                try:
+                    words = self._words(raw)
+                except ValueError as exc:
+                    self.err += f"fake shell: {exc}\n".encode()
+                    return 2
+                status = self.status = self.simple(words)
+            i += 1
         return status
 
+    def _loop(self, head: str, body: list[tuple[str, str]]) -> int:
+        words = self._words(head)
+        if len(words) < 3 or words[2] != "in":
+            self.err += f"fake shell: unsupported loop {head!r}\n".encode()
+            return 2
+        status = 0
+        for item in words[3:]:
+            self.env[words[1]] = item
+            status = self._run_list(body)
+        return status
+
+    @staticmethod
+    def _split(text: str) -> list[tuple[str, str]]:
+        """(operator before it, raw text) per command; splits at unquoted ``;``, newlines, ``&&``, ``||``; drops comments."""
+        commands: list[tuple[str, str]] = []
+        op, cur = ";", []
+        single = double = False
+        i = 0
+        while i < len(text):
+            c = text[i]
+            if c == "\\" and not single:
+                cur.append(text[i:i + 2])
+                i += 2
+                continue
+            if c == "'" and not double:
+                single = not single
+            elif c == '"' and not single:
+                double = not double
+            elif not single and not double:
+                sep = ";" if c in ";\n" else text[i:i + 2] if text[i:i + 2] in ("&&", "||") else None
+                if c == "#" and (not cur or cur[-1][-1:] in (" ", "\t")):
+                    while i < len(text) and text[i] != "\n":
+                        i += 1
+                    continue
+                if sep is not None:
+                    if "".join(cur).strip():
+                        commands.append((op, "".join(cur).strip()))
+                        op = sep
+                    elif sep != ";":
+                        op = sep
+                    cur = []
+                    i += len(sep) if sep != ";" else 1
+                    continue
+            cur.append(c)
+            i += 1
+        if "".join(cur).strip():
+            commands.append((op, "".join(cur).strip()))
+        return commands
+
+    def _words(self, raw: str) -> list[str]:
+        tokens = self._tokens(self._expand(raw))
+        bad = next((t for t in tokens if t in _UNSUPPORTED or t.startswith("|") or t.startswith("&")), None)
+        if bad is not None:
+            raise ValueError(f"unsupported: {bad}")
+        return tokens
+
     def _expand(self, text: str) -> str:
-        """Variables expanded, unquoted newlines turned into ``;``, comments dropped (quotes kept)."""
+        """Variables expanded (quotes kept); a descriptor number against its redirection marked."""
         out: list[str] = []
         single = double = False
         i = 0
@@ -515,14 +578,8 @@ class FakeShell:
                 out.append(value.replace("\\", "\\\\").replace('"', '\\"') if double else shlex.quote(value) if value else "")
                 i = m.end()
                 continue
-            elif c == "\n" and not single and not double:
-                c = ";"
-            elif c in "12" and not single and not double and text.startswith(">", i + 1) and (not out or out[-1][-1:] in (" ", "\t", ";")):
+            elif c in "12" and not single and not double and text.startswith(">", i + 1) and (not out or out[-1][-1:] in (" ", "\t")):
                 c = f"{_FD}{c} "  # "2>" names a descriptor; "echo 2 >f" does not
-            elif c == "#" and not single and not double and (not out or out[-1][-1:] in (" ", "\t", ";", "")):
-                while i < len(text) and text[i] != "\n":
-                    i += 1
-                continue
             out.append(c)
             i += 1
         return "".join(out)

@@ -23,6 +23,7 @@ class Task:
     """A task whose oracle fails as told (an exception per call, then succeeds)."""
 
     id = "t/fake"
+    folder: Path | None = None
 
     def __init__(self, failures: list[BaseException] | None = None, answer: str = "42", folder: Path | None = None) -> None:
         self.failures = list(failures or [])

@@ -97,6 +97,7 @@ def test_canonical_form_normalises_types(tmp_path: Path) -> None:
 
 class FakeTask:
     id = "t/fake"
+    folder = None
 
     def __init__(self, grade_result: VerifierResult | Exception) -> None:
         self.grade_result = grade_result
