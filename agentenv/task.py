@@ -187,6 +187,10 @@ class FolderTask(Task):
     def oracle_answers(self) -> bool:
         return any(isinstance(v, AnswerVerifierSpec) for v in self.spec.verifiers)
 
+    @property
+    def tags(self) -> Sequence[str]:
+        return tuple(self.spec.tags)
+
     def hidden_paths(self) -> list[str]:
         return [HIDDEN_TESTS_DIR]
 
