@@ -13,9 +13,9 @@ through pipes, isolation) are excluded there with the reason. What they model:
 * **exec**: a small shell (``FakeShell``): ``;``, ``&&``, ``||``, ``>``/``>>``/``<``, ``>&2``/``2>&1``,
   ``$VAR``/``${VAR:-default}``/``$$``, and the commands in ``FakeShell.COMMANDS`` (echo, printf, cat,
   ls, test, mkdir, rm, ln, mv, cp, chmod, touch, truncate, wc, head, tail, mktemp, stat, od,
-  sleep, kill, sh/bash ``-c``/``-s``, executable scripts, ...). No pipes, background jobs, command
-  substitution or control flow: those exit 2 with ``fake shell: unsupported``; an unknown program
-  exits 127, as in sh. ``handler(sandbox, command_text)`` scripts anything else (pytest, a check
+  sleep, kill, sh/bash ``-c``/``-s``, executable scripts, ...) and ``for X in ...; do ...; done``.
+  No pipes, background jobs, command substitution or other control flow: those exit 2 with
+  ``fake shell: unsupported``; an unknown program exits 127, as in sh. ``handler(sandbox, command_text)`` scripts anything else (pytest, a check
   script): it sees every command but an argv list naming a modelled program (the file plumbing
   library code does with ``["rm", "-rf", "--", ...]``, ``["mktemp", "-d", ...]``), and may return
   None to let the shell answer. Every call is recorded (``commands``, ``execs``, ``last_argv``,

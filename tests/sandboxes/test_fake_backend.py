@@ -54,6 +54,16 @@ def test_unsupported_syntax_and_unknown_programs_fail_as_a_shell_would() -> None
     assert missing.exit_code == 127 and "python3" in missing.stderr
 
 
+def test_the_grading_prep_script_runs_clears_and_reports_survivors() -> None:
+    """agentenv.grading clears hidden paths with an rm and a for-loop in one bash -c; the fake runs both."""
+    sb = FakeSandbox({"/tests/test_a.py": b"x", "/workspace/keep": b"1"})
+    quoted = "/tests '/other dir'"
+    result = sb.exec(["bash", "-c", f"rm -rf -- {quoted} 2>/dev/null; for p in {quoted}; do [ -e \"$p\" ] && echo \"$p\"; done; true"])
+    assert result.ok and result.stdout == "" and list(sb.files) == ["/workspace/keep"]
+    loop = sb.exec("for p in a b; do echo $p >> seen.txt; done; cat seen.txt")
+    assert loop.stdout == "a\nb\n"
+
+
 def test_a_handler_scripts_what_the_shell_does_not_and_sees_every_call() -> None:
     seen: list[str] = []
 
