@@ -1,8 +1,8 @@
 """In-memory fakes of the sandbox contract for unit tests: ``FakeSandbox`` and ``FakeBackend``.
 
 They pass the backend contract tests (``tests/sandboxes/test_contract.py``) for every property an
-in-memory object can have; the ones it cannot (processes, signals sent by the kernel, output floods
-through pipes, isolation) are excluded there with the reason. What they model:
+in-memory object can have; the ones it cannot (a command's child processes and background jobs,
+output floods through pipes) are excluded there with the reason. It isolates nothing. What they model:
 
 * **files**: a tree held in memory, ``files`` (absolute path -> bytes, which a test may read and
   change directly), ``modes``, ``dirs`` (explicit directories; every parent of an entry is one too),
@@ -10,16 +10,17 @@ through pipes, isolation) are excluded there with the reason. What they model:
   materialised, so a test can plant a terabyte). ``read_file`` follows symlinks and honours
   ``limit``/``READ_LIMIT``; reading a FIFO raises ``AssertionError``, since on a real sandbox it
   blocks forever.
-* **exec**: a small shell (``FakeShell``): ``;``, ``&&``, ``||``, ``>``/``>>``/``<``, ``>&2``/``2>&1``,
-  ``$VAR``/``${VAR:-default}``/``$$``, and the commands in ``FakeShell.COMMANDS`` (echo, printf, cat,
-  ls, test, mkdir, rm, ln, chmod, touch, truncate, wc, head, tail, mktemp, stat, od,
-  sleep, kill, sh/bash ``-c``/``-s``, executable scripts, ...) and ``for X in ...; do ...; done``.
-  No pipes, background jobs, command substitution or other control flow: those exit 2 with
-  ``fake shell: unsupported``; an unknown program exits 127, as in sh. ``handler(sandbox, command_text)`` scripts anything else (pytest, a check
-  script): it sees every command but an argv list naming a modelled program (the file plumbing
-  library code does with ``["rm", "-rf", "--", ...]``, ``["mktemp", "-d", ...]``), and may return
-  None to let the shell answer. Every call is recorded (``commands``, ``execs``, ``last_argv``,
-  ``last_env``, ``last_stdin``; ``reads`` for ``read_file``).
+* **exec**: a small shell (``FakeShell``, in ``sandboxes.testing_shell``): ``;``, ``&&``, ``||``,
+  ``>``/``>>``/``<``, ``>&2``/``2>&1``, ``$VAR``/``${VAR:-default}``/``$$``, ``for X in ...; do
+  ...; done`` and the commands in ``FakeShell.COMMANDS`` (echo, printf, cat, ls, test, mkdir, rm,
+  ln, chmod, touch, truncate, wc, head, tail, mktemp, stat, od, sleep, kill, sh/bash ``-c``/``-s``,
+  executable scripts, ...). No pipes, background jobs, command substitution or other control
+  flow: those exit 2 with ``fake shell: unsupported``; an unknown program exits 127, as in sh.
+  ``handler(sandbox, command_text)`` scripts anything else (pytest, a check script): it sees every
+  command but an argv list naming a modelled program (the file plumbing library code does with
+  ``["rm", "-rf", "--", ...]``, ``["mktemp", "-d", ...]``), and may return None to let the shell
+  answer. Every call is recorded (``commands``, ``execs``, ``last_argv``, ``last_env``,
+  ``last_stdin``; ``reads`` for ``read_file``).
 * **deadlines**: the shell checks the deadline before each command and ``sleep`` sleeps only until
   it, then the result is ``timed_out`` with exit 124. Output past the spec's ``output_limit`` is
   dropped and ``truncated`` set.

@@ -41,7 +41,9 @@ class _Deadline(Exception):
     pass
 
 
-_VAR = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*|[0-9$?]))")
+_VAR = re.compile(  # $NAME, ${NAME}, ${NAME:-default}, $1, $$, $?
+    r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*|[0-9$?]))"
+)
 _UNSUPPORTED = ("|", "&", "<<", ";;&")
 _FAKE_PID = 4242
 _FD = "\x00fd"  # marks a descriptor number written against its redirection (never in a real word)
@@ -51,7 +53,8 @@ class FakeShell:
     """The little sh a ``FakeSandbox`` runs commands with (see the module docstring for its limits)."""
 
     COMMANDS = frozenset({
-        "true", "false", ":", "exit", "echo", "printf", "cat", "ls", "test", "[", "mkdir", "rm", "ln", "chmod", "touch", "truncate", "wc", "head", "tail", "mktemp", "stat", "sleep", "kill", "pwd", "cd",
+        "true", "false", ":", "exit", "echo", "printf", "cat", "ls", "test", "[", "mkdir", "rm", "ln", "chmod", "touch",
+        "truncate", "wc", "head", "tail", "mktemp", "stat", "sleep", "kill", "pwd", "cd",
         "sh", "bash", "export", "od",
     })
 
