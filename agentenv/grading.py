@@ -79,7 +79,7 @@ def task_fingerprint(task: Task) -> str:
     an edited task gets a fresh one). Any other task: its class plus a token
     for the object itself (two instances never share an answer).
     """
-    folder = getattr(task, "folder", None)
+    folder = task.folder
     if folder is not None and os.path.isdir(folder):
         digest = hashlib.sha256(os.path.realpath(folder).encode())
         for top, dirs, names in os.walk(folder):
@@ -225,10 +225,8 @@ def prepare_grading_sandbox(sandbox: Sandbox, task: Task, variant: Variant) -> s
         )
         if still.stdout.strip():
             return f"{_UNCLEARABLE}: {still.stdout.split()}"
-    hidden_files = getattr(task, "hidden_files", None)
-    if hidden_files is not None:
-        for path, data in sorted(hidden_files(variant).items()):
-            sandbox.write_file(path, data)
+    for path, data in sorted(task.hidden_files(variant).items()):
+        sandbox.write_file(path, data)
     return None
 
 

@@ -136,7 +136,7 @@ class IntentExecutor:
         self.output_limit = output_limit
         self.state = state if state is not None else EpisodeState()
         # The in-sandbox agent holds a file it sends: stay well under its memory limit.
-        memory = getattr(sandbox.spec, "memory_mb", 1024) << 20
+        memory = sandbox.spec.memory_mb << 20
         self.read_limit = read_limit if read_limit is not None else min(WHOLE_FILE_LIMIT, memory // 8)
 
     # ------------------------------------------------------------ dispatch
@@ -487,11 +487,6 @@ class IntentExecutor:
         return IntentResult(intent, ok=True, output="submitted", data={"submitted": True, "answer": self.state.answer})
 
 
-def execute_intent(sandbox: Sandbox, intent: Intent, state: EpisodeState | None = None, **options: Any) -> IntentResult:
-    """One-shot form of ``IntentExecutor(sandbox, state=state, **options).execute(intent)``."""
-    return IntentExecutor(sandbox, state=state, **options).execute(intent)
-
-
 # Runs inside the sandbox: reads {"path", "offset", "limit", "line_max", "out_max", "scan_max"} on stdin,
 # prints {"start", "lines", "total_lines", "more", "size", "error"}. Memory stays at a chunk and one
 # capped line: a huge file (or one huge line) is streamed, never loaded. Lines split on "\n" only.
@@ -650,4 +645,4 @@ items = out[q["offset"]:q["offset"] + q["max"]]
 reply(items, total > q["offset"] + q["max"], total)
 """
 
-__all__ = ["DEFAULT_READ_LIMIT", "EpisodeState", "IntentArgError", "IntentExecutor", "IntentRefused", "execute_intent", "looks_binary"]
+__all__ = ["DEFAULT_READ_LIMIT", "EpisodeState", "IntentArgError", "IntentExecutor", "IntentRefused", "looks_binary"]

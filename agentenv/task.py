@@ -121,6 +121,8 @@ class FolderTask(Task):
         variant = task.variant(seed=3)
     """
 
+    folder: Path
+
     def __init__(self, folder: Path | str, spec: TaskSpec | None = None) -> None:
         self.folder = Path(folder).resolve()
         self.spec = spec if spec is not None else load_spec(self.folder)
@@ -184,6 +186,10 @@ class FolderTask(Task):
 
     def oracle_answers(self) -> bool:
         return any(isinstance(v, AnswerVerifierSpec) for v in self.spec.verifiers)
+
+    @property
+    def tags(self) -> Sequence[str]:
+        return tuple(self.spec.tags)
 
     def hidden_paths(self) -> list[str]:
         return [HIDDEN_TESTS_DIR]

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -319,6 +320,7 @@ class Task(ABC):
     id: str
     domain: Domain
     limits: Limits
+    folder: Path | None = None  # a folder task's folder (its verifiers' files, the oracle cache's key); else None
 
     @abstractmethod
     def variant(self, seed: int) -> Variant: ...
@@ -336,6 +338,11 @@ class Task(ABC):
 
     @abstractmethod
     def grade(self, sandbox: Sandbox, episode: Episode) -> VerifierResult: ...
+
+    @property
+    def tags(self) -> Sequence[str]:
+        """Labels a task selection filters on (``tasks.tags``); a folder task's come from its ``task.yaml``."""
+        return ()
 
     def hidden_paths(self) -> list[str]:
         """Absolute paths in the sandbox that only grading may see (cleared before copying in)."""

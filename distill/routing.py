@@ -33,7 +33,7 @@ from distill.types import UnroutableSample
 from rollout.harnesses.rendering import ChatTokenizer
 from rollout.types import Trajectory
 from teachers.context import TeacherContext, prompt_ids, splice
-from teachers.types import ScoreRequest, ScoringError, TeacherScorer, cell_key
+from teachers.types import RoutedScorer, ScoreRequest, ScoringError, TeacherScorer, cell_key
 
 __all__ = ["ContextsOf", "ScoredSample", "route", "score_samples", "student_contexts"]
 
@@ -90,8 +90,8 @@ def score_samples(
     student: TeacherScorer | None = None,
 ) -> list[list[ScoredSample]]:
     """One list of ``ScoredSample`` per trajectory, in trajectory and sample order (see the module docstring)."""
-    cells = getattr(teachers, "cells", None)
-    contexts = route(trajectories, contexts_of, list(cells) if cells is not None else None)
+    cells = list(teachers.cells) if isinstance(teachers, RoutedScorer) else None
+    contexts = route(trajectories, contexts_of, cells)
     flat = [(t, k, ctx) for t, cs in zip(trajectories, contexts) for k, ctx in enumerate(cs)]
     teacher_out = teachers.score([ctx.request for _, _, ctx in flat])
     if len(teacher_out) != len(flat):

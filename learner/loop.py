@@ -498,7 +498,6 @@ class TrainLoop:
                 self._planned_batches = planned
                 reqs = self._plan_group()
                 pending.append(_Group(planned, reqs, self._submit(reqs)))
-            n_requests = sum(len(g.requests) for g in pending)
             self.reporter.phase(f"RL {it}/{cfg.iterations}: rollouts (v{self.version}, {len(pending)} groups in flight)",
                                 cfg.groups_per_iter * self.cfg.rollout.group_size)
             # the last iteration takes whatever is left, so every planned episode is trained or counted
@@ -508,7 +507,7 @@ class TrainLoop:
                 await self.runner.pause()  # the rest wait at their next turn while the learner trains
             trajs = [t for g in taken for t in g.results()]
             t1 = time.monotonic()
-            row = await self._learn(trainer, it, trajs, len(pending), n_requests)
+            row = await self._learn(trainer, it, trajs, len(pending))
             await self._publish(self.version + 1)
             if cfg.partial_rollouts:
                 await self.runner.resume()
@@ -528,7 +527,7 @@ class TrainLoop:
         if pending:  # iterations: 0, or nothing left to train: still stored, exactly once
             await asyncio.gather(*(f for g in pending for f in g.futures), return_exceptions=True)
 
-    async def _learn(self, trainer: Trainer, it: int, trajs: list[Trajectory], in_flight: int, n_requests: int) -> dict[str, float]:
+    async def _learn(self, trainer: Trainer, it: int, trajs: list[Trajectory], in_flight: int) -> dict[str, float]:
         cfg = self.cfg.rl
         # An agent-caused invalid (the agent's code hung the tests, exited, skipped them all) is recorded under
         # the episode's own trainable status with reward 0 and stays in: a failure, not a free pass. Only the

@@ -48,9 +48,7 @@ def resolve_tasks(sel: TaskSelection) -> dict[str, str]:
             continue
         if sel.tags:
             task = reg.get(task_id)
-            spec = getattr(task, "spec", None)
-            tags = set(getattr(spec, "tags", None) or getattr(task, "tags", ()) or ())
-            if not set(sel.tags) <= tags:
+            if not set(sel.tags) <= set(task.tags):
                 continue
         out[task_id] = entry.domain.value if entry.domain is not None else ""
     if not out:

@@ -176,12 +176,6 @@ class PristineSandboxes:
         else:
             pool.release(sandbox)
 
-    def forget(self, task_id: str, seed: int) -> None:
-        """Drop a variant's snapshot (it will be set up again), e.g. after a restore from it failed."""
-        with self._lock:
-            for key in [k for k in self._pristine if k[:2] == (task_id, seed)]:
-                del self._pristine[key]
-
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -156,9 +156,7 @@ class InProcessRunner:
     async def close(self) -> None:
         self.gate.open()
         self.episodes.close()
-        close = getattr(self.backend, "close", None)
-        if callable(close):
-            close()
+        self.backend.close()
 
     def describe(self) -> dict[str, Any]:
         return {"runner": self.name, "episodes_run": self.counts["run"], "from_store": self.counts["from_store"]}
@@ -251,9 +249,6 @@ class RayRunner:
 
     async def resume(self) -> None:
         await asyncio.gather(*(c.resume() for c in self.clients))
-
-    async def workers_info(self) -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(c.info() for c in self.clients), return_exceptions=False))
 
     async def close(self) -> None:
         import ray

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from rollout.config import PolicyConfig, RolloutConfig, SamplingConfig
-from rollout.policy.types import Policy, SamplingParams
+from rollout.policy.types import Policy, SamplingParams, VersionedPolicy, WeightSwappingPolicy
 from rollout.errors import UnsupportedPolicy, WorkerClosed, WorkerLost
 from rollout.types import Trajectory
 
@@ -90,11 +90,11 @@ def apply_version(policy: Any, version: int, weights: Any = None) -> Any:
     (the scripted oracle) is replaced by one reporting the new version, so
     episodes already running keep the one they were bound to.
     """
-    if callable(getattr(policy, "set_weights", None)):
+    if isinstance(policy, WeightSwappingPolicy):
         if weights is not None:
             policy.set_weights(weights, version)
         return policy
-    if callable(getattr(policy, "set_version", None)):
+    if isinstance(policy, VersionedPolicy):
         policy.set_version(version)
         return policy
     from rollout.policy.scripted import ScriptedPolicy

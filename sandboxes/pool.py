@@ -41,6 +41,7 @@ from types import TracebackType
 
 from sandboxes.errors import PoolClosed, SandboxError, SandboxTimeout, SpecError
 from sandboxes.types import (
+    LabelledBackend,
     ResettableBackend,
     Sandbox,
     SandboxBackend,
@@ -264,7 +265,7 @@ class SandboxPool:
             fut = self._executor.submit(fn, *args)
         except RuntimeError:  # executor shut down: pool closing
             if args:
-                self._returning.pop(getattr(args[0], "id", ""), None)
+                self._returning.pop(args[0].id, None)
                 _close_quietly(args[0])
             return False
         self._pending.add(fut)
@@ -326,7 +327,7 @@ class SandboxPool:
             if ok and self.pristine is not None:
                 self._applier()(sandbox, self.pristine)
         except BaseException as exc:
-            log.info("pool reset of %s failed: %r", getattr(sandbox, "id", "?"), exc)
+            log.info("pool reset of %s failed: %r", sandbox.id, exc)
             ok = False
         with self._cond:
             self._resetting -= 1
@@ -347,14 +348,13 @@ class SandboxPool:
 
     def _sweep_leftovers(self) -> None:
         """Remove this run's containers whose owner died (a crashed earlier worker of the run)."""
-        client = getattr(self.backend, "client", None)
-        run_id = getattr(self.backend, "run_id", None)
-        if client is None or run_id is None:
+        if not isinstance(self.backend, LabelledBackend) or self.backend.client is None or self.backend.run_id is None:
             return  # not a Docker backend: nothing labelled to sweep
         from sandboxes.reaper import gc
 
+        run_id = self.backend.run_id
         try:
-            removed = gc(client, run_id=run_id)
+            removed = gc(self.backend.client, run_id=run_id)
         except SandboxError as exc:
             log.warning("pool could not sweep leftovers of run %s: %s", run_id, exc)
             return
@@ -366,4 +366,4 @@ def _close_quietly(sandbox: Sandbox) -> None:
     try:
         sandbox.close()
     except BaseException as exc:  # closing a dead sandbox must not kill the pool
-        log.debug("closing sandbox %s failed: %r", getattr(sandbox, "id", "?"), exc)
+        log.debug("closing sandbox %s failed: %r", sandbox.id, exc)

@@ -23,7 +23,7 @@ import enum
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -270,6 +270,17 @@ class SnapshotApplier(Protocol):
     def apply_snapshot(self, sandbox: Sandbox, ref: SnapshotRef) -> None: ...
 
 
+@runtime_checkable
+class LabelledBackend(Protocol):
+    """A backend on a container engine whose sandboxes carry ``run_id``'s owner labels (see ``sandboxes.labels``).
+
+    A pool sweeps the run's leftover sandboxes of a dead worker through ``client`` (``sandboxes.reaper.gc``).
+    """
+
+    client: Any
+    run_id: str
+
+
 def runs_images(backend: object) -> bool:
     """Whether ``backend`` starts sandboxes from images, so a task's image must be built first.
 
@@ -282,6 +293,7 @@ def runs_images(backend: object) -> bool:
 __all__ = [
     "GATEWAY_MOUNT",
     "DEFAULT_EXEC_TIMEOUT_S",
+    "LabelledBackend",
     "Quiescable",
     "ResettableBackend",
     "SnapshotApplier",

@@ -77,7 +77,15 @@ class TeacherScorer(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class RoutedScorer(TeacherScorer, Protocol):
+    """A scorer over a grid of teachers: ``cells`` names the (domain, effort) keys it can score."""
+
+    @property
+    def cells(self) -> list[str]: ...
+
+
 __all__ = [
-    "DOMAINS", "EFFORTS", "ContextMismatch", "ScoreRequest", "ScoreResult", "ScoringError", "TeacherConfigError",
-    "TeacherError", "TeacherScorer", "UnknownCell", "cell_key",
+    "DOMAINS", "EFFORTS", "ContextMismatch", "RoutedScorer", "ScoreRequest", "ScoreResult", "ScoringError",
+    "TeacherConfigError", "TeacherError", "TeacherScorer", "UnknownCell", "cell_key",
 ]

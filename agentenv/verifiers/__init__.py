@@ -82,14 +82,11 @@ def build_composite(
     return CompositeVerifier(parts)
 
 
-def _hidden_of(task: Task, variant: Variant) -> dict[str, bytes] | None:
-    """The task's hidden files as paths relative to its hidden folder (None: read from the folder)."""
-    hidden_files = getattr(task, "hidden_files", None)
-    if hidden_files is None:
-        return None
+def _hidden_of(task: Task, variant: Variant) -> dict[str, bytes]:
+    """The task's hidden files as paths relative to its hidden folder."""
     roots = [p.rstrip("/") + "/" for p in task.hidden_paths()]
     out: dict[str, bytes] = {}
-    for path, data in hidden_files(variant).items():
+    for path, data in task.hidden_files(variant).items():
         rel = next((path[len(r) :] for r in roots if path.startswith(r)), path.lstrip("/"))
         out[rel] = data
     return out
@@ -102,7 +99,7 @@ def run_verifiers(task: Task, specs: Sequence[VerifierSpec], sandbox: Sandbox, e
     result naming the task, like every other failure to decide.
     """
     try:
-        composite = build_composite(specs, getattr(task, "folder", None), episode.variant, hidden=_hidden_of(task, episode.variant))
+        composite = build_composite(specs, task.folder, episode.variant, hidden=_hidden_of(task, episode.variant))
     except Exception as exc:  # noqa: BLE001
         return VerifierResult(0.0, False, True, f"{task.id}: cannot build verifiers: {type(exc).__name__}: {exc}")
     return composite.verify(sandbox, episode)

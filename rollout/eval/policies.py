@@ -70,7 +70,7 @@ class Counted:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.name = getattr(inner, "name", type(inner).__name__)
+        self.name = inner.name
         self.counts: dict[str, dict[str, int]] = {}
 
     @property

@@ -146,7 +146,7 @@ def start_eval_worker(cfg: SweepConfig, index: int) -> Any:
     }
     if cfg.ray.worker_resource:
         options["resources"] = {cfg.ray.worker_resource: 1}
-    if getattr(cfg.ray, "spread", False):  # one worker per node (per Docker daemon) before two on one
+    if cfg.ray.spread:  # one worker per node (per Docker daemon) before two on one
         options["scheduling_strategy"] = "SPREAD"
     return ray.remote(EvalWorker).options(**options).remote(EvalWorkerSpec.from_config(cfg), index)  # type: ignore[attr-defined]
 

@@ -105,12 +105,6 @@ class _VersionLock:
                 self._cond.notify_all()
 
 
-def sampled_logprob(logits_V: torch.Tensor, token: int, temperature: float) -> float:
-    """The reported logprob of ``token`` given next-token logits (see the module docstring)."""
-    scaled = logits_V.float() / temperature if temperature > 0 else logits_V.float()
-    return float(torch.log_softmax(scaled, dim=-1)[token])
-
-
 def pick_token(
     logits_V: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
 ) -> tuple[int, float]:
@@ -354,4 +348,4 @@ def _with_latency(g: Generation, latency_s: float) -> Generation:
     return replace(g, latency_s=latency_s)
 
 
-__all__ = ["HFPolicy", "pick_token", "sampled_logprob", "turn_seed"]
+__all__ = ["HFPolicy", "pick_token", "turn_seed"]

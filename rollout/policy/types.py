@@ -127,10 +127,26 @@ class Policy(Protocol):
     ) -> Generation: ...
 
 
+@runtime_checkable
+class WeightSwappingPolicy(Protocol):
+    """A policy holding its weights itself (a local model): new ones are loaded in place, between its turns."""
+
+    def set_weights(self, weights: Any, version: int) -> None: ...
+
+
+@runtime_checkable
+class VersionedPolicy(Protocol):
+    """A policy whose weights live elsewhere (a served model): it is told the version now loaded there."""
+
+    def set_version(self, version: int) -> None: ...
+
+
 __all__ = [
     "FinishReason",
     "Generation",
     "Policy",
+    "VersionedPolicy",
+    "WeightSwappingPolicy",
     "PolicyError",
     "Prompt",
     "SamplingParams",

@@ -9,7 +9,8 @@ from agentenv.env import TaskEnv
 from agentenv.errors import EpisodeStateError
 from agentenv.task import PythonTask
 from agentenv.types import Domain, Limits, Variant
-from agentenv_fakes import FakeBackend, FakeHarness, call
+from agentenv_fakes import FakeHarness, call
+from sandboxes.testing import FakeBackend
 
 pytestmark = pytest.mark.unit
 
@@ -31,7 +32,7 @@ class EchoNumber(PythonTask):
         return sandbox.read_file(f"{sandbox.spec.workdir}/number.txt").decode().strip()
 
     def hidden_paths(self) -> list[str]:
-        return []  # the fake backend shares the host's "/": nothing to clear there
+        return []
 
     def hidden_files(self, variant: Variant) -> dict[str, bytes]:
         return {}

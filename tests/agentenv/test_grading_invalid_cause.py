@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "verifiers"))
-from verifier_fakes import FakeSandbox, make_episode, make_variant  # noqa: E402
+from verifier_fakes import make_episode, make_variant  # noqa: E402
 
 from agentenv.errors import TaskSpecError  # noqa: E402
 from agentenv.types import (  # noqa: E402
@@ -21,6 +21,7 @@ from agentenv.types import (  # noqa: E402
 from agentenv.verifiers import build_composite, build_verifier  # noqa: E402
 from agentenv.verifiers.composite import CompositeVerifier, Weighted  # noqa: E402
 from rollout.episode import _result_dict  # noqa: E402
+from sandboxes.testing import FakeSandbox  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "verifiers"))
-from verifier_fakes import FakeSandbox, make_variant  # noqa: E402
+from verifier_fakes import make_variant  # noqa: E402
 
 from agentenv.errors import OracleError  # noqa: E402
 from agentenv.grading import BackendOracleReplay, OracleUnavailable, clear_oracle_cache, task_fingerprint  # noqa: E402
 from sandboxes.errors import SandboxLost  # noqa: E402
+from sandboxes.testing import FakeBackend, FakeSandbox  # noqa: E402
 from sandboxes.types import SandboxSpec  # noqa: E402
 
 pytestmark = pytest.mark.unit
@@ -22,6 +23,7 @@ class Task:
     """A task whose oracle fails as told (an exception per call, then succeeds)."""
 
     id = "t/fake"
+    folder: Path | None = None
 
     def __init__(self, failures: list[BaseException] | None = None, answer: str = "42", folder: Path | None = None) -> None:
         self.failures = list(failures or [])
@@ -46,15 +48,6 @@ class Task:
         return self.answer
 
 
-class Backend:
-    def __init__(self) -> None:
-        self.made: list[FakeSandbox] = []
-
-    def create(self, spec: object) -> FakeSandbox:
-        self.made.append(FakeSandbox())
-        return self.made[-1]
-
-
 @pytest.fixture(autouse=True)
 def _clean_cache():  # noqa: ANN202
     clear_oracle_cache()
@@ -63,7 +56,7 @@ def _clean_cache():  # noqa: ANN202
 
 
 def answer(task: Task) -> str:
-    return BackendOracleReplay(Backend(), task, make_variant()).compute("answer", lambda _sb, ans: ans)  # type: ignore[arg-type]
+    return BackendOracleReplay(FakeBackend(), task, make_variant()).compute("answer", lambda _sb, ans: ans)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -140,13 +133,13 @@ def test_python_tasks_with_one_id_do_not_share_answers() -> None:
     assert answer(first) == "1" and first.runs == 1  # each object keeps its own cached answer
 
 
-class LocalBackend(Backend):
+class LocalBackend(FakeBackend):
     name = "local"
 
 
 def test_the_local_backend_builds_no_image_for_the_oracle_replay() -> None:
     """The local backend runs no image: grading there must not reach for Docker (found on a box without it)."""
-    for backend, expected in ((Backend(), True), (LocalBackend(), False)):
+    for backend, expected in ((FakeBackend(), True), (LocalBackend(), False)):
         task = Task()
         replay = BackendOracleReplay(backend, task, make_variant(seed=0))
         assert replay.compute("answer", lambda sb, answer: answer) == "42"

@@ -2,37 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 from rollout.pristine import PristineSandboxes
+from sandboxes.testing import FakeBackend
 from sandboxes.types import SandboxSpec
 
 pytestmark = pytest.mark.unit
-
-
-class FakeSandbox:
-    def __init__(self, sid: str, spec: SandboxSpec) -> None:
-        self.id, self.spec, self.closed = sid, spec, False
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class FakeBackend:
-    name = "fake"
-
-    def __init__(self) -> None:
-        self.made: list[FakeSandbox] = []
-        self._ids = itertools.count()
-
-    def create(self, spec: SandboxSpec) -> FakeSandbox:
-        self.made.append(FakeSandbox(f"sb{next(self._ids)}", spec))
-        return self.made[-1]
-
-    def reset(self, sandbox: FakeSandbox, timeout: float | None = None) -> bool:
-        return True
 
 
 class FakeTask:
@@ -44,7 +20,7 @@ class FakeTask:
 
 
 def test_warm_starts_each_image_once_to_the_concurrency_and_makes_room_for_it() -> None:
-    backend = FakeBackend()
+    backend = FakeBackend(resettable=True)
     sandboxes = PristineSandboxes(backend, pool_size=0)  # type: ignore[arg-type]
     tasks = [FakeTask("a/one", "img:1"), FakeTask("a/two", "img:1"), FakeTask("b/pg", "img:2")]
     try:
@@ -57,22 +33,6 @@ def test_warm_starts_each_image_once_to_the_concurrency_and_makes_room_for_it() 
         assert sandboxes._leases == {pools[0].spec.key(): 0, pools[1].spec.key(): 0}, "warming leases nothing"
     finally:
         sandboxes.close()
-
-
-class SnapshottingSandbox(FakeSandbox):
-    def snapshot(self, kind: object = None, *, tag: str | None = None) -> object:
-        from sandboxes.types import SnapshotKind, SnapshotRef
-
-        return SnapshotRef(f"snap-{self.id}", SnapshotKind.FAST, "fake", self.spec.image, f"/nowhere/{self.id}", self.spec)
-
-
-class RestoringBackend(FakeBackend):
-    def create(self, spec: SandboxSpec) -> FakeSandbox:
-        self.made.append(SnapshottingSandbox(f"sb{next(self._ids)}", spec))
-        return self.made[-1]
-
-    def restore(self, ref: object) -> FakeSandbox:
-        return self.create(ref.spec)  # type: ignore[attr-defined]
 
 
 class CountingTask(FakeTask):
@@ -115,7 +75,7 @@ def test_one_setup_per_variant_at_a_time_even_when_the_lock_map_is_pruned(monkey
     old_interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)
     task = CountingTask()
-    sandboxes = PristineSandboxes(RestoringBackend(), pool_size=0)  # type: ignore[arg-type]
+    sandboxes = PristineSandboxes(FakeBackend(resettable=True), pool_size=0)  # type: ignore[arg-type]
     errors: list[BaseException] = []
 
     def worker(n: int) -> None:

@@ -6,6 +6,11 @@ subprocesses forced, the mode of hosts without bubblewrap) and ``docker``.
 Select one with ``-k``: ``-k local`` runs both local modes, ``-m docker`` the
 Docker one. Docker tests never skip: a missing daemon or a ``DockerBackend``
 that does not import is a failure.
+
+``fake`` is the in-memory ``sandboxes.testing.FakeBackend`` the unit tests use: it passes
+every property it can have. A property it cannot (processes, pipes) carries
+``@pytest.mark.not_modelled_by_fake(reason)`` in ``test_contract.py``; its ``[fake]`` case is
+deselected at collection and listed, with the reason, in the session header.
 """
 
 from __future__ import annotations
@@ -21,17 +26,51 @@ from sandboxes.types import Sandbox, SandboxBackend, SandboxSpec
 
 LOCAL_IMAGE = "agentenv-base:latest"  # recorded only: the local backend has no images
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "not_modelled_by_fake(reason): a contract property the in-memory FakeBackend cannot have"
+    )
+
+
+def _not_modelled(item: pytest.Item) -> str | None:
+    mark = item.get_closest_marker("not_modelled_by_fake")
+    callspec = getattr(item, "callspec", None)
+    if mark is None or callspec is None or callspec.params.get("backend") != "fake":
+        return None
+    return str(mark.kwargs.get("reason") or mark.args[0])
+
+
+_EXCLUDED: list[tuple[str, str]] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    excluded = [item for item in items if _not_modelled(item) is not None]
+    if excluded:
+        config.hook.pytest_deselected(items=excluded)
+        items[:] = [item for item in items if _not_modelled(item) is None]
+        _EXCLUDED.extend((item.name, _not_modelled(item) or "") for item in excluded)
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    return [f"not modelled by the fake backend: {name}: {reason}" for name, reason in _EXCLUDED]
+
+
 BACKENDS = [
     pytest.param("local", marks=pytest.mark.unit, id="local"),
     pytest.param("local-plain", marks=pytest.mark.unit, id="local-plain"),
     pytest.param("docker", marks=pytest.mark.docker, id="docker"),
+    pytest.param("fake", marks=pytest.mark.unit, id="fake"),
 ]
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SandboxBackend]:
     made: Any
-    if request.param == "docker":
+    if request.param == "fake":
+        from sandboxes.testing import FakeBackend
+
+        made = FakeBackend()
+    elif request.param == "docker":
         from sandboxes.docker_backend import DockerBackend
 
         client = request.getfixturevalue("docker_client")

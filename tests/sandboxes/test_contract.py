@@ -3,6 +3,10 @@
 Commands use paths relative to the workdir: a plain-subprocess local sandbox
 runs on the host, where ``/workspace`` does not exist. File operations use
 absolute sandbox paths, which every backend maps.
+
+The in-memory ``fake`` backend (``sandboxes.testing``) runs every case but those marked
+``not_modelled_by_fake`` (it has no processes and no pipes). Isolation is no property of this
+contract: the Docker sandbox's is tested in ``test_docker_isolation.py``, and the fake has none.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ def _ok(result: ExecResult) -> ExecResult:
 
 def test_backend_and_sandbox_satisfy_the_protocols(backend: SandboxBackend, sandbox: Sandbox) -> None:
     assert isinstance(backend, SandboxBackend) and isinstance(sandbox, Sandbox)
-    assert backend.name in ("local", "docker")
+    assert backend.name in ("local", "docker", "fake")
 
 
 def test_exec_shell_string_gives_stdout_stderr_and_exit_code(sandbox: Sandbox) -> None:
@@ -93,6 +97,7 @@ def test_no_stdin_means_eof_not_a_hang(sandbox: Sandbox) -> None:
     assert result.exit_code == 0 and not result.timed_out and result.stdout == ""
 
 
+@pytest.mark.not_modelled_by_fake("no processes: a command's children and background jobs do not exist in memory")
 def test_deadline_kills_the_command_and_its_children(
     backend: SandboxBackend, sandbox: Sandbox, host_pids: Callable[[str], list[int]]
 ) -> None:
@@ -112,12 +117,14 @@ def test_deadline_kills_the_command_and_its_children(
         assert host_pids(f"sleep\0{token}") == []
 
 
+@pytest.mark.not_modelled_by_fake("no processes: a command's children and background jobs do not exist in memory")
 def test_a_background_child_holding_stdout_does_not_hold_exec(sandbox: Sandbox) -> None:
     # the child outlives the deadline: had exec waited for its stdout to close, it would have timed out
     result = sandbox.exec("sleep 30 & echo started", timeout=25)
     assert result.exit_code == 0 and not result.timed_out and result.stdout == "started\n", result
 
 
+@pytest.mark.not_modelled_by_fake("no pipes or endless programs (yes | head): the fake caps what its commands print, see test_fake_backend.py")
 def test_output_is_capped_and_a_flood_is_drained(sandbox: Sandbox) -> None:
     limit = sandbox.spec.output_limit
     result = sandbox.exec("yes | head -c 50000000", timeout=60)  # how fast: the sandbox bench's output_flood
@@ -127,6 +134,7 @@ def test_output_is_capped_and_a_flood_is_drained(sandbox: Sandbox) -> None:
     assert not sandbox.exec("echo small").truncated
 
 
+@pytest.mark.not_modelled_by_fake("no pipes or endless programs (yes | head): the fake caps what its commands print, see test_fake_backend.py")
 def test_stderr_is_capped_separately(backend: SandboxBackend, make_spec: Callable[..., SandboxSpec]) -> None:
     sandbox = backend.create(make_spec(output_limit=4096))
     try:

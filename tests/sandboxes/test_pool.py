@@ -2,73 +2,53 @@
 
 from __future__ import annotations
 
-import itertools
-import threading
 import time
 
 import pytest
 
 from sandboxes.errors import PoolClosed, SandboxError, SandboxTimeout, SpecError
 from sandboxes.pool import SandboxPool
+from sandboxes.testing import FakeBackend, FakeSandbox
 from sandboxes.types import SandboxSpec, SnapshotKind, SnapshotRef
 
 pytestmark = pytest.mark.unit
 
 
-class FakeSandbox:
-    def __init__(self, sid: str, spec: SandboxSpec) -> None:
-        self.id = sid
-        self.spec = spec
-        self.files: dict[str, bytes] = {}
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class FakeBackend:
-    name = "fake"
-
-    def __init__(self, delay: float = 0.0, fail: bool = False) -> None:
-        self.delay = delay
-        self.fail = fail
-        self.made: list[FakeSandbox] = []
-        self.applied: list[tuple[str, str]] = []
-        self._ids = itertools.count()
-        self._lock = threading.Lock()
-
-    def create(self, spec: SandboxSpec) -> FakeSandbox:
-        time.sleep(self.delay)
-        if self.fail:
-            raise SandboxError("image broken")
-        with self._lock:
-            sb = FakeSandbox(f"sb{next(self._ids)}", spec)
-            self.made.append(sb)
-        return sb
-
-    def apply_snapshot(self, sandbox: FakeSandbox, ref: SnapshotRef) -> None:
-        self.applied.append((sandbox.id, ref.id))
-        sandbox.files["snap"] = ref.id.encode()
-
-    def restore(self, ref: SnapshotRef) -> FakeSandbox:
-        raise AssertionError("pool should restore onto warm sandboxes")
-
-    def fork(self, ref: SnapshotRef, n: int) -> list[FakeSandbox]:
-        raise AssertionError("pool should fork onto warm sandboxes")
-
-    def close(self) -> None:
-        pass
-
-
 SPEC = SandboxSpec(image="img:1")
 
 
-def _ref(rid: str = "snap1") -> SnapshotRef:
-    return SnapshotRef(id=rid, kind=SnapshotKind.FAST, backend="fake", base_image="img:1", location="/x", spec=SPEC)
+def _backend(*, fail: bool = False) -> FakeBackend:
+    """The in-memory backend with ``apply_snapshot``, whose ``restore`` and ``fork`` the pool must not use."""
+    return FakeBackend(fail="image broken" if fail else None, applies_snapshots=True)
+
+
+def _ref(marker: str = "snap1") -> SnapshotRef:
+    """A FAST snapshot of a fresh sandbox whose only change is the file ``snap`` holding ``marker``."""
+    maker = _backend()
+    sb = maker.create(SPEC)
+    sb.write_file("snap", marker)
+    ref = sb.snapshot(SnapshotKind.FAST)
+    maker.close()
+    return ref
+
+
+def _snap(sb: FakeSandbox) -> bytes | None:
+    return sb.files.get(f"{SPEC.workdir}/snap")
+
+
+@pytest.fixture(autouse=True)
+def _no_restore_or_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool restores and forks onto warm sandboxes (apply_snapshot), never through the backend's own."""
+
+    def refuse(self: FakeBackend, *args: object) -> None:
+        raise AssertionError("pool should restore and fork onto warm sandboxes")
+
+    monkeypatch.setattr(FakeBackend, "restore", refuse)
+    monkeypatch.setattr(FakeBackend, "fork", refuse)
 
 
 def test_acquire_is_warm_and_release_replaces_in_background() -> None:
-    backend = FakeBackend()
+    backend = _backend()
     with SandboxPool(backend, SPEC, size=2, max_size=3) as pool:
         pool.warm(timeout=5)
         sb = pool.acquire(timeout=5)
@@ -84,7 +64,7 @@ def test_acquire_is_warm_and_release_replaces_in_background() -> None:
 
 
 def test_pool_is_bounded() -> None:
-    backend = FakeBackend()
+    backend = _backend()
     with SandboxPool(backend, SPEC, size=1, max_size=2) as pool:
         a = pool.acquire(timeout=5)
         b = pool.acquire(timeout=5)
@@ -97,24 +77,24 @@ def test_pool_is_bounded() -> None:
 
 
 def test_pristine_snapshot_is_applied_before_handout() -> None:
-    backend = FakeBackend()
+    backend = _backend()
     with SandboxPool(backend, SPEC, size=2, pristine=_ref("task-pristine")) as pool:
         sb = pool.acquire(timeout=5)
-        assert sb.files["snap"] == b"task-pristine"
+        assert _snap(sb) == b"task-pristine"
 
 
 def test_fork_and_restore_apply_onto_warm_sandboxes() -> None:
-    backend = FakeBackend()
+    backend = _backend()
     with SandboxPool(backend, SPEC, size=3, max_size=6) as pool:
         forks = pool.fork(_ref("mid"), 3, timeout=5)
         assert len({f.id for f in forks}) == 3
-        assert all(f.files["snap"] == b"mid" for f in forks)
+        assert all(_snap(f) == b"mid" for f in forks)
         r = pool.restore(_ref("other"), timeout=5)
-        assert r.files["snap"] == b"other"
+        assert _snap(r) == b"other"
 
 
 def test_close_destroys_everything_and_refuses_acquire() -> None:
-    backend = FakeBackend()
+    backend = _backend()
     pool = SandboxPool(backend, SPEC, size=2)
     pool.warm(timeout=5)
     leased = pool.acquire(timeout=5)
@@ -127,7 +107,7 @@ def test_close_destroys_everything_and_refuses_acquire() -> None:
 
 
 def test_failing_backend_surfaces_an_error_not_a_hang() -> None:
-    pool = SandboxPool(FakeBackend(fail=True), SPEC, size=1)
+    pool = SandboxPool(_backend(fail=True), SPEC, size=1)
     try:
         t0 = time.monotonic()
         with pytest.raises(SandboxError, match="image broken"):
@@ -139,27 +119,15 @@ def test_failing_backend_surfaces_an_error_not_a_hang() -> None:
 
 def test_bad_arguments_name_the_argument() -> None:
     with pytest.raises(SpecError, match="size"):
-        SandboxPool(FakeBackend(), SPEC, size=-1)
+        SandboxPool(_backend(), SPEC, size=-1)
     with pytest.raises(SpecError, match="max_size"):
-        SandboxPool(FakeBackend(), SPEC, size=4, max_size=2)
+        SandboxPool(_backend(), SPEC, size=4, max_size=2)
 
 
-class ResettingBackend(FakeBackend):
-    """A backend with ``reset``: clean sandboxes reset (files wiped), ones marked dirty refuse."""
-
-    def __init__(self, refuse: bool = False, delay: float = 0.0) -> None:
-        super().__init__()
-        self.refuse = refuse
-        self.reset_delay = delay
-        self.resets: list[str] = []
-
-    def reset(self, sandbox: FakeSandbox, timeout: float | None = None) -> bool:
-        time.sleep(self.reset_delay)
-        self.resets.append(sandbox.id)
-        if self.refuse or sandbox.files.get("root-owned"):
-            return False
-        sandbox.files.clear()
-        return True
+def _resetting(*, delay: float = 0.0) -> FakeBackend:
+    """A backend with ``reset`` too: clean sandboxes reset (back to pristine), ones holding ``root-owned`` refuse."""
+    return FakeBackend(applies_snapshots=True, resettable=True, reset_delay=delay,
+                refuse_reset=lambda sb: f"{SPEC.workdir}/root-owned" in sb.files)
 
 
 def _wait(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
@@ -170,10 +138,10 @@ def _wait(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_reset_reuses_the_sandbox_and_reapplies_pristine() -> None:
-    backend = ResettingBackend()
+    backend = _resetting()
     with SandboxPool(backend, SPEC, size=1, max_size=2, pristine=_ref("task")) as pool:
         sb = pool.acquire(timeout=5)
-        sb.files["dirty"] = b"x"
+        sb.write_file("dirty", b"x")
         pool.release(sb)
         _wait(lambda: pool.stats["reset"] == 1)
         again = pool.acquire(timeout=5)
@@ -181,17 +149,17 @@ def test_reset_reuses_the_sandbox_and_reapplies_pristine() -> None:
             pool.release(again)
             _wait(lambda: pool.stats["reset"] == 2)
             again = pool.acquire(timeout=5)
-        assert "dirty" not in again.files
-        assert again.files["snap"] == b"task", "the pristine snapshot is re-applied after a reset"
+        assert f"{SPEC.workdir}/dirty" not in again.files
+        assert _snap(again) == b"task", "the pristine snapshot is re-applied after a reset"
         assert not sb.closed
         assert len(backend.made) <= 2
 
 
 def test_refused_reset_destroys_and_replaces() -> None:
-    backend = ResettingBackend()
+    backend = _resetting()
     with SandboxPool(backend, SPEC, size=1, max_size=1) as pool:
         sb = pool.acquire(timeout=5)
-        sb.files["root-owned"] = b"x"
+        sb.write_file("root-owned", b"x")
         pool.release(sb)
         _wait(lambda: sb.closed)
         again = pool.acquire(timeout=5)
@@ -200,7 +168,7 @@ def test_refused_reset_destroys_and_replaces() -> None:
 
 
 def test_release_racing_close_leaks_nothing() -> None:
-    backend = ResettingBackend(delay=0.2)
+    backend = _resetting(delay=0.2)
     pool = SandboxPool(backend, SPEC, size=2, max_size=2)
     a, b = pool.acquire(timeout=5), pool.acquire(timeout=5)
     pool.release(a)
@@ -211,7 +179,7 @@ def test_release_racing_close_leaks_nothing() -> None:
 
 
 def test_resetting_counts_against_max_size() -> None:
-    backend = ResettingBackend(delay=0.5)
+    backend = _resetting(delay=0.5)
     with SandboxPool(backend, SPEC, size=1, max_size=1) as pool:
         sb = pool.acquire(timeout=5)
         pool.release(sb)
@@ -221,7 +189,7 @@ def test_resetting_counts_against_max_size() -> None:
 
 def test_warm_to_n_with_no_spares_then_cycle_without_new_starts() -> None:
     # What a rollout does: size 0 (no spares), warmed to its concurrency, then only resets.
-    backend = ResettingBackend()
+    backend = _resetting()
     with SandboxPool(backend, SPEC, size=0, max_size=4) as pool:
         pool.warm(timeout=5, n=3)
         assert pool.counts()["ready"] == 3 and len(backend.made) == 3
@@ -238,7 +206,7 @@ def test_warm_to_n_with_no_spares_then_cycle_without_new_starts() -> None:
 def test_close_closes_released_sandboxes_whose_reset_never_started() -> None:
     # More releases than the pool has worker threads, and a close() that waits less than the resets
     # take: the queued reset jobs are cancelled, and their sandboxes must be closed, not dropped.
-    backend = ResettingBackend(delay=0.3)
+    backend = _resetting(delay=0.3)
     pool = SandboxPool(backend, SPEC, size=0, max_size=12, starters=2)
     held = [pool.acquire(timeout=5) for _ in range(12)]
     for sb in held:

@@ -7,13 +7,14 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from verifier_fakes import FakeReplay, FakeSandbox, make_episode, make_variant
+from verifier_fakes import FakeReplay, make_episode, make_variant
 
 from agentenv.errors import OracleError
 from agentenv.grading import BackendOracleReplay, clear_oracle_cache, grade_episode
 from agentenv.types import DbStateVerifierSpec, Episode, RowAssertion, VerifierResult
 from agentenv.verifiers import build_verifier
 from agentenv.verifiers.db_canon import dump, normalise, state_hash
+from sandboxes.testing import FakeBackend, FakeSandbox
 
 pytestmark = pytest.mark.unit
 
@@ -96,6 +97,7 @@ def test_canonical_form_normalises_types(tmp_path: Path) -> None:
 
 class FakeTask:
     id = "t/fake"
+    folder = None
 
     def __init__(self, grade_result: VerifierResult | Exception) -> None:
         self.grade_result = grade_result
@@ -126,21 +128,6 @@ class FakeTask:
         if isinstance(self.grade_result, Exception):
             raise self.grade_result
         return self.grade_result
-
-
-class FakeBackend:
-    name = "fake"
-
-    def __init__(self) -> None:
-        self.made: list[FakeSandbox] = []
-
-    def create(self, spec: object) -> FakeSandbox:
-        self.made.append(FakeSandbox())
-        return self.made[-1]
-
-    def restore(self, ref: dict[str, bytes]) -> FakeSandbox:
-        self.made.append(FakeSandbox(ref))
-        return self.made[-1]
 
 
 def test_grade_episode_clears_planted_files_copies_hidden_ones_and_closes() -> None:

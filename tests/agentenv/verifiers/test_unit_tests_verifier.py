@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from verifier_fakes import FakePytest, FakeReplay, FakeSandbox, junit_xml, make_episode, make_variant
+from verifier_fakes import FakePytest, FakeReplay, junit_xml, make_episode, make_variant
 
 from agentenv.types import UnitTestsVerifierSpec
 from agentenv.verifiers import build_verifier
 from agentenv.verifiers.pytest_outcomes import Stream, junit_address, outcomes, parse_junit, parse_stream
 from agentenv.verifiers.unit_tests import PLUGIN
+from sandboxes.testing import FakeSandbox
 from sandboxes.types import ExecResult
 
 pytestmark = pytest.mark.unit

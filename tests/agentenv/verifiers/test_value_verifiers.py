@@ -7,7 +7,7 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from verifier_fakes import FakeReplay, FakeSandbox, make_episode, make_variant
+from verifier_fakes import FakeReplay, make_episode, make_variant
 
 from agentenv.errors import TaskSpecError
 from agentenv.types import (
@@ -22,6 +22,7 @@ from agentenv.types import (
 from agentenv.verifiers import BUILDERS, build_composite, build_verifier
 from agentenv.verifiers.compare import csv_equal, json_equal, normalize_text, parse_csv, parse_number
 from agentenv.verifiers.composite import CompositeVerifier, Weighted
+from sandboxes.testing import FakeSandbox
 from sandboxes.types import ExecResult
 
 pytestmark = pytest.mark.unit
