@@ -1,6 +1,6 @@
 """The RL learner step on agent-shaped samples, on CPU: LM head everywhere vs only at sampled tokens.
 
-    python -m learner.bench_step --out runs/bench_step.json
+    python -m benches.learner_step --out runs/bench_step.json
 
 Agent episodes are mostly prompt: a 1-2k-token harness prompt (system prompt,
 tool schemas, instruction) and a few tens of sampled tokens, the only ones the

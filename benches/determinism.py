@@ -1,10 +1,10 @@
 """What ``trainer.deterministic`` costs: the RL learner step with deterministic kernels on and off.
 
-    python -m learner.bench_determinism [--samples 16] [--repeats 5] [--out runs/bench_determinism.json]
+    python -m benches.determinism [--samples 16] [--repeats 5] [--out runs/bench_determinism.json]
 
 ``TrainerConfig.deterministic`` calls ``learner.trainer.make_deterministic``: a fixed thread count
 and ``torch.use_deterministic_algorithms(True)`` (plus deterministic cuBLAS / cuDNN settings on a
-GPU). Both sides run the same agent-shaped items (``bench_step.agent_items``) on two copies of the
+GPU). Both sides run the same agent-shaped items (``benches.learner_step.agent_items``) on two copies of the
 same model at the same thread count, interleaved step by step in one run, alternating which goes first (the machine is noisy:
 the ratio is the result). The losses are compared too: on CPU both modes compute the same numbers.
 """
@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from learner.bench_step import agent_items
+from benches.learner_step import agent_items
 from learner.model import PolicyModel
 from learner.trainer import Trainer
 from learner.types import LossConfig, TrainerConfig

@@ -1,9 +1,9 @@
 """Benchmarks of the post-training engine, each a ratio measured in one run (these machines are noisy).
 
-``python -m learner.bench_engine runners [CONFIG]``
+``python -m benches.engine runners [CONFIG]``
     the same training config on ``runner: ray`` against ``runner: inprocess``, same seeds: wall time
     (ratio; goal <= 1.3x on a 2-core machine) and the held-out gain of each.
-``python -m learner.bench_engine async [CONFIG]``
+``python -m benches.engine async [CONFIG]``
     the same config at staleness K = 0 (synchronous), 1 and 2: RL iterations per hour, and the
     learner's idle fraction (the share of the RL phase's wall time the learner was not stepping);
     goal: >= 1.5x iterations per hour on a config where rollouts dominate.
@@ -139,7 +139,7 @@ def bench_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m learner.bench_engine", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benches.engine", description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=["runners", "async"])
     parser.add_argument("config", nargs="?", help="a training config (default: a small built-in one)")
     parser.add_argument("--iterations", type=int, default=0, help="override rl.iterations (and skip mid-run evals)")

@@ -1,5 +1,7 @@
 """Sandbox hot-path benchmark: ours against the plain ``docker`` SDK, in the same run.
 
+    agentenv sandbox bench [--quick] [--json runs/bench_sandbox.json]
+
 Each metric times our way and the way a user would write it with the SDK
 (``containers.run``, ``exec_run``, ``commit`` then run from the image), on the
 same image, interleaved in one process, so the ratio survives a noisy machine

@@ -3,11 +3,11 @@
 Issue #15's "On the H200" measurements, on a Qwen2-0.5B-shaped grid built from
 a config (random weights; nothing is downloaded). Run on the H200 (not in CI)::
 
-    python -m distill.bench_gpu --shape qwen2-0.5b --json runs/bench_mopd.json   # --verbose: every step's time
+    python -m benches.distill_gpu --shape qwen2-0.5b --json runs/bench_mopd.json   # --verbose: every step's time
 
 and on any CPU, in seconds, with tiny models (what the unit test does)::
 
-    python -m distill.bench_gpu --tiny --json /tmp/bench_mopd.json
+    python -m benches.distill_gpu --tiny --json /tmp/bench_mopd.json
 
 The H200 run should take about 3 minutes on a 16-core host (three 0.5B models
 initialised on the CPU, nine merged copies, a 512-token generate, ~40 s of
@@ -36,7 +36,7 @@ teacher sees the student's own context (``teacher_context: student``).
    are the same teachers: their logprobs agree far more closely than two
    different cells' do.
 2. **Learner MFU.** One student (fp32 weights, bf16 autocast) and one
-   ``learner.trainer.Trainer`` with ``learner.bench_gpu``'s fast path on CUDA
+   ``learner.trainer.Trainer`` with ``benches.learner_gpu``'s fast path on CUDA
    (8 packed 4096-token rows per micro-batch, ``packed_varlen`` attention,
    8192-token logprob chunks with logits kept, compiled layers, fused AdamW),
    ``LossConfig.dapo()``, the same items; steps interleaved after warm-up:
@@ -55,7 +55,7 @@ teacher sees the student's own context (``teacher_context: student``).
    an RL iteration (rollout + ``rl`` step) in the same run.
 
 MFU = model FLOPs / seconds / ``--peak-tflops`` (H200 dense bf16, 989.4).
-Training: ``learner.bench_gpu.train_flops`` (``6 N`` per token, ``N`` = matmul
+Training: ``benches.learner_gpu.train_flops`` (``6 N`` per token, ``N`` = matmul
 parameters with the LM head, plus causal attention ``6 n^2 d L`` per sample).
 A scoring forward: ``2 (N - V d)`` per token for the body, ``2 V d`` per
 position the LM head runs at (the scored ones, plus the one
@@ -90,7 +90,7 @@ from transformers import Qwen2Config
 
 from distill.advantages import token_advantages
 from learner.advantages import group_advantages
-from learner.bench_gpu import _compile_stats, matmul_params, model_config, packed_config, train_flops
+from benches.learner_gpu import compile_stats, matmul_params, model_config, packed_config, train_flops
 from learner.model import VARLEN_ATTENTION, PolicyModel
 from learner.trainer import Trainer
 from learner.types import AdvantageConfig, LossConfig, TrainItem
@@ -361,7 +361,7 @@ def learner_steps(cfg: Qwen2Config, requests: list[ScoreRequest], teacher: list[
         row["within_goal"] = abs(row["points_vs_rl"]["forward_counted"]) <= GOAL_POINTS
         out[kind] = row
     if args.compile:
-        out["compile"] = _compile_stats()
+        out["compile"] = compile_stats()
     del trainer, student
     _free(device)
     return out
@@ -376,7 +376,7 @@ def run(args: argparse.Namespace, clock: Clock = time.perf_counter,
     try:
         import peft
     except ImportError as exc:
-        raise SystemExit(f"distill.bench_gpu: the teacher contenders need peft, which could not be imported "
+        raise SystemExit(f"benches.distill_gpu: the teacher contenders need peft, which could not be imported "
                          f"({type(exc).__name__}: {exc}); install it (e.g. pip install --no-index --no-deps "
                          "--target /tmp/site .whl/peft-*.whl .whl/accelerate-*.whl) and retry") from exc
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -521,7 +521,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    args.pad_to_multiple = args.seq_tokens  # one row shape, as learner.bench_gpu
+    args.pad_to_multiple = args.seq_tokens  # one row shape, as benches.learner_gpu
     on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     for k in ("keep_logits", "compile", "fused_adamw"):
         if getattr(args, k) is None:

@@ -1,6 +1,6 @@
 """The sweep's overhead against ``agentenv rollout`` on the same episodes, in the same run.
 
-``python -m rollout.eval.bench [--rounds 2] [--seeds 2] [--tag quickstart] [--json PATH]``
+``python -m benches.eval [--rounds 2] [--seeds 2] [--tag quickstart] [--json PATH]``
 
 Both runners get the same episodes: every (task, seed) of the selection under
 each of the three rotated harnesses at effort ``high`` (the rollout plans them
@@ -97,7 +97,7 @@ def _png(result: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rollout.eval.bench", description=(__doc__ or "").split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benches.eval", description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--tag", default="quickstart")

@@ -2,11 +2,11 @@
 
 Run on the H200 (not in CI; the defaults are the fast configuration on CUDA)::
 
-    python -m learner.bench_gpu --verbose --out runs/bench_learner.json
+    python -m benches.learner_gpu --verbose --out runs/bench_learner.json
 
 and on any CPU, in seconds, with a tiny model (what the unit test does)::
 
-    python -m learner.bench_gpu --tiny --out /tmp/bench.json
+    python -m benches.learner_gpu --tiny --out /tmp/bench.json
 
 Both contenders train the same model (Qwen2-0.5B-shaped, random weights from
 a config, bf16 autocast over fp32 weights, AdamW, grad clip 1.0) on the same
@@ -219,7 +219,8 @@ def packed_config(args: argparse.Namespace, bf16: bool) -> TrainerConfig:
     )
 
 
-def _compile_stats() -> dict[str, int]:
+def compile_stats() -> dict[str, int]:
+    """``torch.compile``'s counters so far: distinct graphs and graph breaks (shared with ``benches.distill_gpu``)."""
     from torch._dynamo.utils import counters
 
     return {"unique_graphs": int(counters["stats"]["unique_graphs"]),
@@ -282,7 +283,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "optimizer_s": statistics.mean(p[2] for p in phases),
             }
             if args.compile:
-                results[name]["compile"] = _compile_stats()
+                results[name]["compile"] = compile_stats()
             if args.loss_check:
                 slice_items = [TrainItem(it.token_ids[:args.check_len], it.rollout_logprobs[:args.check_len],
                                          it.loss_mask[:args.check_len], 1.0) for it in items[:args.check_samples]]

@@ -1,9 +1,11 @@
 """The Ray side of ``agentenv rollout bench``: our rollout vs the sequential plain-docker baseline, same run.
 
+    agentenv rollout bench [--workers 2] [--concurrency 2] [-G 8] [--json runs/bench_rollout.json]
+
 Both sides run the scripted oracle policy on the same built-in tasks, ``G``
 episodes per task (one GRPO group per task; 8 by default), so they do the same
 work: set the task up, replay the oracle through a harness, grade it. The
-baseline (``rollout.bench_baseline``) does it the way a script over the
+baseline (``benches.rollout_baseline``) does it the way a script over the
 ``docker`` SDK would: one container per episode, one episode at a time. Ours is
 ``run_rollout`` itself: Ray workers x concurrency, pools warmed to the
 concurrency before the first episode and reset in place after each, one setup
@@ -173,13 +175,13 @@ def run_bench(
     log: Callable[..., Any] = print,
 ) -> dict[str, Any]:
     """Baseline then ours on the same tasks; the result dict the CLI prints and ``--json`` writes."""
-    from rollout import bench_baseline
+    from benches import rollout_baseline
 
-    ids = list(task_ids) if task_ids is not None else bench_baseline.suite_task_ids()
+    ids = list(task_ids) if task_ids is not None else rollout_baseline.suite_task_ids()
     log(f"baseline: sequential plain docker SDK, {len(ids)} tasks x {group_size}")
     cpu = CpuMeter()
     cpu.start()
-    base = bench_baseline.run_baseline(ids, episodes_per_task=group_size)
+    base = rollout_baseline.run_baseline(ids, episodes_per_task=group_size)
     cpu.stop()
     baseline = {
         "label": "sequential docker SDK",

@@ -1,5 +1,7 @@
 """The benchmark's baseline: the oracle over the built-in suite, one episode at a time, plain ``docker`` SDK.
 
+``agentenv rollout bench`` (``benches.rollout``) runs it first, then our rollout on the same episodes.
+
 What a careful script without this project would do for each episode::
 
     containers.run(image)                      # same limits: no network, cpus, memory, pids, init

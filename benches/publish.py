@@ -1,7 +1,7 @@
 """Weight-publish latency to 4 workers: the Ray object store against a checkpoint reload, in one run.
 
-    python -m learner.bench_publish --json runs/bench_publish.json      # Qwen2-0.5B shapes, bf16
-    python -m learner.bench_publish --small                             # tiny shapes, a CI smoke test
+    python -m benches.publish --json runs/bench_publish.json      # Qwen2-0.5B shapes, bf16
+    python -m benches.publish --small                             # tiny shapes, a CI smoke test
 
 The model is a ``transformers`` ``Qwen2Config`` with Qwen2-0.5B's shapes
 (24 layers, hidden 896, MLP 4864, 14 heads / 2 KV heads, vocabulary 151,936,

@@ -7,13 +7,13 @@ gateway, grading), the mean model calls, and for the CLIs the token
 exactness: the share of episodes whose recorded tokens are append-only (one
 sequence, no break), with each break counted by its cause.
 
-    python -m rollout.gateway.bench --episodes 100 --explore 3 --task all --json runs/gateway-bench.json
+    python -m benches.gateway --episodes 100 --explore 3 --task all --json runs/gateway-bench.json
 
 Both sides replay the task's oracle after ``explore`` harmless shell calls
 (``ls -la``; fewer where the task's turn limit leaves no room for the oracle and
 the answer), so the episodes are multi-turn and the two sides make the same
 tool calls: the difference is the harness, not a model. ``--task all`` cycles
-the episodes through every built-in task (episode i runs task i mod 13, seed i).
+the episodes through every built-in task (episode i runs task i mod the number of registered tasks, seed i).
 """
 
 from __future__ import annotations
