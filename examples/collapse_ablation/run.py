@@ -1,6 +1,6 @@
 """Why GRPO collapsed at lr 1e-3 on the main job: one factor at a time, every arm from the same seed.
 
-    python scripts/collapse_ablation.py [--seed 0] [--iterations 5] [--backend docker|local] [--out DIR]
+    python -m examples.collapse_ablation.run [--seed 0] [--iterations 5] [--backend docker|local] [--out DIR]
 
 Each arm is examples/quickstart.yaml with the RL settings below changed, run as its own
 ``python -m learner.job`` (arms run side by side; give the machine a core or two per arm). The
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 OLD = {"trainer": {"lr": 1.0e-3, "warmup_steps": 0}, "rl": {"continue_sft_optimizer": False},
        "rl.loss": {"aggregation": "token_mean"}}

@@ -1,7 +1,9 @@
-"""The sweep proven on real runs: ``python -m rollout.eval.proof [--part references|checkpoint|served|all]``.
+"""The sweep proven on real runs: ``python -m examples.eval_proof.run [--part references|checkpoint|served|all]``.
 
-* ``references``: the scripted oracle and the do-nothing agent over all 13 built-in tasks x 3 harnesses x
-  3 efforts x 2 seeds (468 episodes): every cell must be 1.0 and 0.0, with no infrastructure error.
+* ``references``: the scripted oracle and the do-nothing agent over every registered task x 3 harnesses x
+  3 efforts x 2 seeds (36 episodes a task; the planned count is computed from the task list, so a new task
+  family grows it): every cell must be 1.0 and 0.0, with no infrastructure error, and every planned episode
+  stored.
 * ``checkpoint``: a tiny model saved as a local checkpoint folder, sampled with its own settings.
 * ``served``: the same tiny model behind ``agentenv serve`` (``rollout.serve``), called through the official
   ``openai`` client by ``OpenAIPolicy``, and ``compare`` of the two.
@@ -20,7 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
-from rollout.eval.config import parse_sweep
+from rollout.eval.config import SweepConfig, parse_sweep
 from rollout.eval.live import SweepProgress, print_tables
 from rollout.eval.report import write_outputs
 from rollout.eval.runner import run_sweep
@@ -31,9 +33,21 @@ SMALL = {"tasks": {"ids": ["general/count_lines", "general/answer_number"]}, "ha
 console = Console()
 
 
-def _run(data: dict[str, Any]) -> dict[str, Any]:
-    cfg = parse_sweep({"store": f"sqlite:///{ROOT.resolve() / 'store.db'}", "workers": 2, "concurrency": 2,
-                       "out": str(ROOT / data["sweep_id"].split("-")[1]), "ray": {"num_cpus": 2}, **data})
+def _config(data: dict[str, Any]) -> SweepConfig:
+    return parse_sweep({"store": f"sqlite:///{ROOT.resolve() / 'store.db'}", "workers": 2, "concurrency": 2,
+                        "out": str(ROOT / data["sweep_id"].split("-")[1]), "ray": {"num_cpus": 2}, **data})
+
+
+def planned_episodes(cfg: SweepConfig) -> int:
+    """What the sweep must plan, counted from its axes: the resolved task list x seeds x harnesses x efforts
+    x samples x policies (``plan_cells`` builds the cells; this counts them independently)."""
+    from rollout.job import resolve_tasks
+
+    tasks = resolve_tasks(cfg.tasks)
+    return len(tasks) * len(cfg.seeds) * len(cfg.harnesses) * len(cfg.efforts) * cfg.samples * len(cfg.policies)
+
+
+def _run(cfg: SweepConfig) -> dict[str, Any]:
     with SweepProgress(console) as p:
         run = run_sweep(cfg, resume=True, on_event=p.on_event, on_start=p.on_start)
     doc = write_outputs(run, cfg.out_dir)
@@ -43,16 +57,19 @@ def _run(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def references(tag: str) -> bool:
-    doc = _run({"sweep_id": f"proof-references-{tag}", "tasks": {}, "harnesses": ["claude_code", "codex", "kimi_code"],
-                "efforts": ["low", "high", "max"], "seeds": 2,
-                "policies": [{"name": "oracle", "kind": "oracle"}, {"name": "nothing", "kind": "do_nothing"}]})
+    cfg = _config({"sweep_id": f"proof-references-{tag}", "tasks": {}, "harnesses": ["claude_code", "codex", "kimi_code"],
+                   "efforts": ["low", "high", "max"], "seeds": 2,
+                   "policies": [{"name": "oracle", "kind": "oracle"}, {"name": "nothing", "kind": "do_nothing"}]})
+    expected = planned_episodes(cfg)
+    doc = _run(cfg)
     bad = [c for c in doc["cells"]
            if c["infrastructure"] or c["invalid"] or c["pass_rate"] != (1.0 if c["policy"] == "oracle" else 0.0)]
     console.print(f"references: {len(doc['cells'])} cells (policy x task x harness x effort), {doc['stored']} episodes; "
                   f"cells off 1.0 / 0.0 or with infra/invalid: {len(bad)}")
     for c in bad:
         console.print(f"  [red]{c}[/red]")
-    return doc["planned"] == 468 and not bad and doc["complete"]
+    console.print(f"references: planned {doc['planned']} episodes, expected {expected} from the task list")
+    return doc["planned"] == expected and not bad and doc["complete"]
 
 
 def _tiny_checkpoint() -> Path:
@@ -67,9 +84,9 @@ def _tiny_checkpoint() -> Path:
 
 def checkpoint(tag: str) -> bool:
     ckpt = _tiny_checkpoint()
-    doc = _run({"sweep_id": f"proof-checkpoint-{tag}", **SMALL, "samples": 2,
-                "policies": [{"name": "tiny-ckpt", "kind": "checkpoint", "checkpoint": str(ckpt),
-                              "sampling": {"temperature": 1.0, "max_new_tokens": 48}}]})
+    doc = _run(_config({"sweep_id": f"proof-checkpoint-{tag}", **SMALL, "samples": 2,
+                        "policies": [{"name": "tiny-ckpt", "kind": "checkpoint", "checkpoint": str(ckpt),
+                                      "sampling": {"temperature": 1.0, "max_new_tokens": 48}}]}))
     return bool(doc["complete"])
 
 
@@ -80,14 +97,15 @@ def served(tag: str) -> bool:
     ckpt = _tiny_checkpoint()
     with serve_in_thread(create_app(HFPolicy(str(ckpt)), "tiny", model_path=str(ckpt))) as url:
         console.print(f"agentenv serve at {url}")
-        doc = _run({"sweep_id": f"proof-served-{tag}", **SMALL, "samples": 1,
-                    "policies": [{"name": "tiny-served", "kind": "openai", "url": url, "model": "tiny", "max_concurrency": 2,
-                                  "timeout_s": 60, "sampling": {"temperature": 1.0, "max_new_tokens": 48}}]})
+        doc = _run(_config({"sweep_id": f"proof-served-{tag}", **SMALL, "samples": 1,
+                            "policies": [{"name": "tiny-served", "kind": "openai", "url": url, "model": "tiny",
+                                          "max_concurrency": 2, "timeout_s": 60,
+                                          "sampling": {"temperature": 1.0, "max_new_tokens": 48}}]}))
     return bool(doc["complete"])
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rollout.eval.proof")
+    ap = argparse.ArgumentParser(prog="python -m examples.eval_proof.run")
     ap.add_argument("--part", choices=["references", "checkpoint", "served", "all"], default="all")
     ap.add_argument("--tag", default="v1", help="part of the sweep ids: a new tag is a fresh sweep")
     args = ap.parse_args(argv)

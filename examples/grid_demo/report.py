@@ -1,8 +1,8 @@
 """The 3 x 3 demonstration's arithmetic: per-cell table, compute table, the issue's thresholds, two PNGs.
 
-Pure functions over numbers that ``distill.grid_demo`` measured (held-out pass rates and median
+Pure functions over numbers that ``examples.grid_demo.run`` measured (held-out pass rates and median
 sampled tokens per cell, and what each run cost); nothing here runs a model or a sandbox, so every
-threshold is checked against hand-made numbers in ``tests/distill/test_grid_report.py``.
+threshold is checked against hand-made numbers in ``tests/examples/test_grid_report.py``.
 
 The thresholds (issue #15), each a ``Check`` with PASS or FAIL computed from the numbers:
 

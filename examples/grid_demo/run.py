@@ -1,4 +1,4 @@
-"""The 3 x 3 grid demonstration of issue #15, end to end: ``python -m distill.grid_demo CONFIG [--json PATH] [--reuse]``.
+"""The 3 x 3 grid demonstration of issue #15, end to end: ``python -m examples.grid_demo.run CONFIG [--json PATH] [--reuse]``.
 
 From one shared warm start::
 
@@ -16,7 +16,7 @@ From one shared warm start::
     report      per cell: pass rates, student / teacher, median sampled tokens per effort; the
                 compute table (student vs baseline, the teachers apart and in total); episodes to
                 reach 90% of the teachers' mean pass rate; the issue's thresholds, each PASS or
-                FAIL from the numbers (``distill.grid_report``); JSON and two PNGs
+                FAIL from the numbers (``examples.grid_demo.report``); JSON and two PNGs
 
 What the numbers are: every evaluation samples at ``base.eval.temperature`` on
 ``base.eval.seeds`` (held out from training); costs are read back from the
@@ -24,7 +24,7 @@ trajectory store (sampled tokens, tokens given to the learner, MOPD's teacher
 contexts) and the runs' own timings. The shared warm start and the budgets are
 counted apart: both student and baseline start from them.
 
-The config (``examples/grid_demo.yaml`` is a commented one)::
+The config (``examples/grid_demo/config.yaml`` is a commented one)::
 
     name: grid-demo
     out_dir: runs                 # everything under runs/grid-demo/
@@ -56,7 +56,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from distill.grid_report import (
+from examples.grid_demo.report import (
     TARGET_FRACTION, Check, Cost, RunCurve, cell, check_ablation_collapses, check_compute, check_order, check_ratios,
     check_teacher_gains, compute_ratios, plot_grid, plot_lengths, ratio,
 )
@@ -67,7 +67,7 @@ from learner.types import AdvantageConfig, LossConfig
 from rollout.config import ConfigError
 from rollout.types import Trajectory
 
-__all__ = ["Budget", "GridDemoConfig", "build_report", "main", "run_demo"]
+__all__ = ["Budget", "GridDemoConfig", "build_report", "main", "model_requests", "phase_config", "run_demo"]
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -101,7 +101,7 @@ class BaselineConfig(BaseModel):
 
 
 class GridDemoConfig(BaseModel):
-    """``python -m distill.grid_demo``'s config; see the module docstring."""
+    """``python -m examples.grid_demo.run``'s config; see the module docstring."""
 
     model_config = _STRICT
     name: str = Field(default="grid-demo", pattern=r"^[A-Za-z0-9_.-]+$")
@@ -165,8 +165,8 @@ class GridDemoConfig(BaseModel):
 # ------------------------------------------------------------------ the runs
 
 
-def _phase_config(cfg: GridDemoConfig, tcfg: Any, run: str, warm: str, budgets: Path, *, loss: LossConfig,
-                  lr: float, advantage: AdvantageConfig | None = None, adapt: bool = False) -> dict[str, Any]:
+def phase_config(cfg: GridDemoConfig, tcfg: Any, run: str, warm: str, budgets: Path, *, loss: LossConfig,
+                 lr: float, advantage: AdvantageConfig | None = None, adapt: bool = False) -> dict[str, Any]:
     """The student's / baseline's ``TrainConfig`` fields: the teachers' base, every domain and level, from the
     warm start, the effort message shown, each level's cap, the effort reward's budgets and taus."""
     from learner.train_config import RLConfig
@@ -205,7 +205,7 @@ def _student(cfg: GridDemoConfig, tcfg: Any, teachers: Mapping[str, Any], report
     from distill.loop import run_distill
     from distill.types import DistillConfig
 
-    data = _phase_config(cfg, tcfg, "student", teachers["warm_start"]["checkpoint"], Path(teachers["budgets_file"]),
+    data = phase_config(cfg, tcfg, "student", teachers["warm_start"]["checkpoint"], Path(teachers["budgets_file"]),
                          loss=cfg.student.loss, lr=cfg.student.lr, adapt=True)
     data["distill"] = {"teachers": str(Path(teachers["grid"]).resolve()), "clip": cfg.student.clip, "alpha": cfg.student.alpha}
     dc = DistillConfig.model_validate(data)
@@ -220,7 +220,7 @@ def _baseline(cfg: GridDemoConfig, tcfg: Any, teachers: Mapping[str, Any], repor
     from learner.job import run_training
     from learner.train_config import TrainConfig
 
-    data = _phase_config(cfg, tcfg, "baseline", teachers["warm_start"]["checkpoint"], Path(teachers["budgets_file"]),
+    data = phase_config(cfg, tcfg, "baseline", teachers["warm_start"]["checkpoint"], Path(teachers["budgets_file"]),
                          loss=cfg.baseline.loss, lr=cfg.baseline.lr, advantage=cfg.baseline.advantage, adapt=True)
     tc = TrainConfig.model_validate(data)
     reporter.log(f"baseline: multi-task RL with the effort reward for {_episodes(tc)} episodes")
@@ -256,7 +256,7 @@ async def _evaluate_cells(
     from rollout.runner import run_all
     from teachers.train import eval_row
 
-    data = _phase_config(cfg, tcfg, "cells", teachers["warm_start"]["checkpoint"], Path(teachers["budgets_file"]),
+    data = phase_config(cfg, tcfg, "cells", teachers["warm_start"]["checkpoint"], Path(teachers["budgets_file"]),
                          loss=LossConfig.dapo(), lr=1e-4)
     data["checkpoint"] = {"every": 0}
     tc = TrainConfig.model_validate(data)
@@ -503,12 +503,12 @@ def run_demo(cfg: GridDemoConfig, tcfg: Any, *, reporter: Reporter | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser("python -m distill.grid_demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser("python -m examples.grid_demo.run", description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path)
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     parser.add_argument("--reuse", action="store_true", help="read back stages whose outputs exist instead of rerunning them")
     args = parser.parse_args(argv)
-    from agentenv.cli.train import console, phase_progress
+    from agentenv.progress import console, phase_progress
     from teachers.types import TeacherError
 
     try:

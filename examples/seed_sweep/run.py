@@ -1,7 +1,7 @@
 """Arms x seeds of examples/quickstart.yaml side by side, on the local (bubblewrap) backend.
 
-    python scripts/seed_sweep.py ARMS_JSON SEEDS [THREADS]
-    python scripts/seed_sweep.py '{"t07": {}, "t085": {"rollout.sampling.temperature": 0.85, "eval.temperature": 0.85}}' 0,1,2 2
+    python -m examples.seed_sweep.run ARMS_JSON SEEDS [THREADS]
+    python -m examples.seed_sweep.run '{"t07": {}, "t085": {"rollout.sampling.temperature": 0.85, "eval.temperature": 0.85}}' 0,1,2 2
 
 Each arm is the quickstart with the dotted config paths of its JSON object changed; every (arm,
 seed) is its own ``python -m learner.job`` with ``torch_threads`` THREADS (give the machine that
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def arm_config(base: dict, name: str, seed: int, changes: dict, threads: int, work: Path) -> dict:

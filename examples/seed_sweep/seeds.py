@@ -1,6 +1,6 @@
 """Several seeds of one training config, side by side: a table, the criterion, a band plot.
 
-``python -m learner.seeds SUMMARY.json ... [--png PATH] [--json PATH] [--min-gain 20]``
+``python -m examples.seed_sweep.seeds SUMMARY.json ... [--png PATH] [--json PATH] [--min-gain 20]``
 
 Each SUMMARY is what ``agentenv train ... --json`` (or ``out_dir/run_id/summary.json``) wrote. One
 run proves little: a learning claim is the range over seeds. For every run the table shows the
@@ -163,7 +163,7 @@ def _print_table(rows: list[SeedRow]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m learner.seeds", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m examples.seed_sweep.seeds", description=__doc__.split("\n\n")[0])
     parser.add_argument("summaries", nargs="+", type=Path)
     parser.add_argument("--png", type=Path, default=None, help="the band plot")
     parser.add_argument("--json", type=Path, default=None, help="the per-seed rows and the verdict")
