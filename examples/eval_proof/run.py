@@ -30,10 +30,14 @@ from rollout.eval.runner import run_sweep
 ROOT = Path("runs/eval-proof")
 SMALL = {"tasks": {"ids": ["general/count_lines", "general/answer_number"]}, "harnesses": ["claude_code", "codex", "kimi_code"],
          "efforts": ["low", "high"], "seeds": 2}
+#: the references part: every registered task ("tasks": {}), both reference policies, every harness and effort
+REFERENCES = {"tasks": {}, "harnesses": ["claude_code", "codex", "kimi_code"], "efforts": ["low", "high", "max"], "seeds": 2,
+              "policies": [{"name": "oracle", "kind": "oracle"}, {"name": "nothing", "kind": "do_nothing"}]}
 console = Console()
 
 
-def _config(data: dict[str, Any]) -> SweepConfig:
+def sweep_config(data: dict[str, Any]) -> SweepConfig:
+    """A proof sweep: ``data`` over the shared store, workers and output folder under ``runs/eval-proof``."""
     return parse_sweep({"store": f"sqlite:///{ROOT.resolve() / 'store.db'}", "workers": 2, "concurrency": 2,
                         "out": str(ROOT / data["sweep_id"].split("-")[1]), "ray": {"num_cpus": 2}, **data})
 
@@ -57,9 +61,7 @@ def _run(cfg: SweepConfig) -> dict[str, Any]:
 
 
 def references(tag: str) -> bool:
-    cfg = _config({"sweep_id": f"proof-references-{tag}", "tasks": {}, "harnesses": ["claude_code", "codex", "kimi_code"],
-                   "efforts": ["low", "high", "max"], "seeds": 2,
-                   "policies": [{"name": "oracle", "kind": "oracle"}, {"name": "nothing", "kind": "do_nothing"}]})
+    cfg = sweep_config({"sweep_id": f"proof-references-{tag}", **REFERENCES})
     expected = planned_episodes(cfg)
     doc = _run(cfg)
     bad = [c for c in doc["cells"]
@@ -84,7 +86,7 @@ def _tiny_checkpoint() -> Path:
 
 def checkpoint(tag: str) -> bool:
     ckpt = _tiny_checkpoint()
-    doc = _run(_config({"sweep_id": f"proof-checkpoint-{tag}", **SMALL, "samples": 2,
+    doc = _run(sweep_config({"sweep_id": f"proof-checkpoint-{tag}", **SMALL, "samples": 2,
                         "policies": [{"name": "tiny-ckpt", "kind": "checkpoint", "checkpoint": str(ckpt),
                                       "sampling": {"temperature": 1.0, "max_new_tokens": 48}}]}))
     return bool(doc["complete"])
@@ -97,7 +99,7 @@ def served(tag: str) -> bool:
     ckpt = _tiny_checkpoint()
     with serve_in_thread(create_app(HFPolicy(str(ckpt)), "tiny", model_path=str(ckpt))) as url:
         console.print(f"agentenv serve at {url}")
-        doc = _run(_config({"sweep_id": f"proof-served-{tag}", **SMALL, "samples": 1,
+        doc = _run(sweep_config({"sweep_id": f"proof-served-{tag}", **SMALL, "samples": 1,
                             "policies": [{"name": "tiny-served", "kind": "openai", "url": url, "model": "tiny",
                                           "max_concurrency": 2, "timeout_s": 60,
                                           "sampling": {"temperature": 1.0, "max_new_tokens": 48}}]}))

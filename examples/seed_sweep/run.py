@@ -9,6 +9,7 @@ many cores per run). Logs and summaries go to ``$OUT`` (default ``runs/sweep``);
 gives the held-out evaluations (iteration, sampled, greedy) and the training pass rate per
 iteration. Made for a many-core box without Docker (the lent accelerator host): the numbers are
 the local backend's, close to but not the same as the Docker main job's.
+``python -m examples.seed_sweep.seeds`` reads the summaries back: the per-seed table, the criterion, a band plot.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m distill.grid_demo`` end to end on tiny models in real Docker sandboxes (about 35 s on a quiet 2-core machine).
+"""``python -m examples.grid_demo.run`` end to end on tiny models in real Docker sandboxes (about 35 s on a quiet 2-core machine).
 
 Plumbing, not learning (the measured demonstration is in docs/distill.md): two domains x two effort levels of
 teachers from one warm start, the MOPD student and the RL baseline on the same episode budget, every cell
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.grid_demo import main
+from examples.grid_demo.run import main
 from rollout.policy.models import load_checkpoint
 from rollout.store import TrajectoryStore
 

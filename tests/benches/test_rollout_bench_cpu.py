@@ -1,4 +1,4 @@
-"""``rollout.bench.CpuMeter``: host-wide busy CPU from /proc/stat, which the bench reports per episode."""
+"""``benches.rollout.CpuMeter``: host-wide busy CPU from /proc/stat, which the bench reports per episode."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rollout.bench import CpuMeter
+from benches.rollout import CpuMeter
 
 pytestmark = pytest.mark.unit
 

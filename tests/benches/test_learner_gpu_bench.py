@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from learner.bench_gpu import main, matmul_params, model_config
+from benches.learner_gpu import main, matmul_params, model_config
 
 pytestmark = pytest.mark.unit
 

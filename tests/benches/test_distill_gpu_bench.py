@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from transformers import Qwen2Config
 
-from distill.bench_gpu import CELLS, H200_BF16_TFLOPS, main, score_flops
-from learner.bench_gpu import matmul_params, model_config, train_flops
+from benches.distill_gpu import CELLS, H200_BF16_TFLOPS, main, score_flops
+from benches.learner_gpu import matmul_params, model_config, train_flops
 from teachers.types import ScoreRequest
 
 pytestmark = pytest.mark.unit
@@ -108,7 +108,7 @@ def test_a_run_cut_off_in_the_learner_phase_keeps_the_phases_already_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The first H200 run lost its rollout and teacher-scoring numbers to the device's time limit: never again."""
-    import distill.bench_gpu as bench
+    import benches.distill_gpu as bench
 
     def killed(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt("the device's time limit")

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from learner import bench_step
+from benches import learner_step
 
 pytestmark = pytest.mark.unit
 
 
 def test_bench_step_small(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    assert bench_step.main(["--samples", "4", "--prompt", "60", "--response", "8", "--hidden", "32",
+    assert learner_step.main(["--samples", "4", "--prompt", "60", "--response", "8", "--hidden", "32",
                             "--layers", "1", "--repeats", "1", "--threads", "1", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert set(res["step_s"]) == {"full logits", "loss tokens only"}
@@ -22,6 +22,6 @@ def test_bench_step_small(tmp_path: Path) -> None:
 
 
 def test_agent_items_mask_only_the_response() -> None:
-    items = bench_step.agent_items(3, 100, prompt=5, response=2)
+    items = learner_step.agent_items(3, 100, prompt=5, response=2)
     assert all(it.loss_mask == (0,) * 5 + (1,) * 2 for it in items)
     assert [it.advantage for it in items] == [1.0, -1.0, 1.0]

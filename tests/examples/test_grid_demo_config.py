@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.grid_demo import GridDemoConfig, _phase_config
+from examples.grid_demo.run import GridDemoConfig, phase_config
 from learner.types import LossConfig
 from rollout.config import ConfigError
 
 pytestmark = pytest.mark.unit
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grid_demo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grid_demo" / "config.yaml"
 
 
 def _config(tmp_path: Path, **changes: object) -> tuple[GridDemoConfig, object]:
@@ -27,10 +27,10 @@ def _config(tmp_path: Path, **changes: object) -> tuple[GridDemoConfig, object]:
 def test_adapt_styles_reaches_the_adaptation_of_student_and_baseline_only(tmp_path: Path, styles: bool) -> None:
     cfg, tcfg = _config(tmp_path, adapt_styles=styles)
     for run in ("student", "baseline"):
-        adapted = _phase_config(cfg, tcfg, run, "warm", tmp_path / "b0.json", loss=LossConfig(), lr=1e-4, adapt=True)
+        adapted = phase_config(cfg, tcfg, run, "warm", tmp_path / "b0.json", loss=LossConfig(), lr=1e-4, adapt=True)
         assert adapted["effort"]["oracle_styles"] is styles and adapted["effort"]["message"] is True
         assert adapted["sft"]["episodes"] == cfg.adapt.episodes
-        plain = _phase_config(cfg, tcfg, run, "warm", tmp_path / "b0.json", loss=LossConfig(), lr=1e-4)
+        plain = phase_config(cfg, tcfg, run, "warm", tmp_path / "b0.json", loss=LossConfig(), lr=1e-4)
         assert plain["effort"]["oracle_styles"] is False and plain["sft"]["episodes"] == 0
 
 
@@ -39,9 +39,9 @@ def test_adapt_moments_carry_the_adaptations_adam_into_both_runs(tmp_path: Path,
     # attempt 6's student and baseline started MOPD / RL from a fresh Adam after the adaptation SFT
     cfg, tcfg = _config(tmp_path, adapt_moments=moments)
     for run in ("student", "baseline"):
-        adapted = _phase_config(cfg, tcfg, run, "warm", tmp_path / "b0.json", loss=LossConfig(), lr=1e-4, adapt=True)
+        adapted = phase_config(cfg, tcfg, run, "warm", tmp_path / "b0.json", loss=LossConfig(), lr=1e-4, adapt=True)
         assert adapted["rl"]["continue_sft_optimizer"] is moments
-        plain = _phase_config(cfg, tcfg, run, "warm", tmp_path / "b0.json", loss=LossConfig(), lr=1e-4)
+        plain = phase_config(cfg, tcfg, run, "warm", tmp_path / "b0.json", loss=LossConfig(), lr=1e-4)
         assert plain["rl"]["continue_sft_optimizer"] is False  # no adaptation, no moments to carry
     assert GridDemoConfig.model_fields["adapt_moments"].default is True
 
@@ -53,7 +53,7 @@ def test_adapt_styles_must_be_a_boolean(tmp_path: Path) -> None:
 
 def test_the_ablation_drops_the_message_and_the_thinking_cap_and_nothing_else() -> None:
     """A cap tells the level too (low's 4 thinking tokens): the ablation must take both away, the student keep both."""
-    from distill.grid_demo import model_requests
+    from examples.grid_demo.run import model_requests
     from rollout.episode import EpisodeRequest
 
     requests = [EpisodeRequest(episode_id=f"run/cell-general-{e}-0", run_id="run", task_id="general/count_lines", seed=10000,

@@ -8,7 +8,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.ray, pytest.mark.slow]
 
 
 def test_bench_runs_both_sides_on_the_same_episodes(docker_client, base_image) -> None:  # noqa: ANN001
-    from rollout.bench import run_bench
+    from benches.rollout import run_bench
 
     result = run_bench(workers=1, concurrency=2, group_size=2, task_ids=["general/write_word"], log=lambda *_: None)
     base, ray = result["baseline"], result["ray"]

@@ -1,10 +1,10 @@
-"""The benchmark's sequential plain-docker baseline really solves and grades what it runs."""
+"""``benches.rollout_baseline``: the benchmark's sequential plain-docker baseline really solves and grades what it runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from rollout.bench_baseline import TOOL_CALLS_PER_EPISODE, run_baseline, suite_task_ids
+from benches.rollout_baseline import TOOL_CALLS_PER_EPISODE, run_baseline, suite_task_ids
 
 
 @pytest.mark.unit

@@ -1,4 +1,4 @@
-"""learner.seeds: the per-seed rows, the main job's criterion and the band plot, on hand-made summaries."""
+"""examples.seed_sweep.seeds: the per-seed rows, the main job's criterion and the band plot, on hand-made summaries."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from learner import seeds
+from examples.seed_sweep import seeds
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
-"""The grid demonstration's arithmetic and threshold checks against hand-made numbers (distill/grid_report.py,
-distill.grid_demo.build_report): every PASS and every FAIL comes from the numbers, both ways."""
+"""The grid demonstration's arithmetic and threshold checks against hand-made numbers (examples/grid_demo/report.py,
+examples.grid_demo.run.build_report): every PASS and every FAIL comes from the numbers, both ways."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from distill.grid_demo import build_report
-from distill.grid_report import (
+from examples.grid_demo.run import build_report
+from examples.grid_demo.report import (
     Cost, RunCurve, check_ablation_collapses, check_compute, check_order, check_ratios, check_teacher_gains, compute_ratios,
     plot_grid, plot_lengths, ratio, strictly_rising, to_target,
 )
