@@ -64,7 +64,7 @@ def run_bench(*, samples: int = 16, prompt: int = 1500, response: int = 40, repe
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benches.determinism", description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--prompt", type=int, default=1500)
     p.add_argument("--response", type=int, default=40)

@@ -486,7 +486,7 @@ def tables(r: dict[str, Any]) -> list[Any]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benches.distill_gpu", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--shape", choices=("qwen2-0.5b", "tiny"), default="qwen2-0.5b")
     p.add_argument("--tiny", action="store_true", help="--shape tiny and tiny sizes: runs on a CPU in seconds")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")

@@ -111,7 +111,7 @@ def _row(harness: str, base: str, trajs: list[Any], wall: float) -> dict[str, An
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benches.gateway", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--episodes", type=int, default=3, help="episodes per harness (the issue's exactness goal: >= 100; 0: only --startup)")
     ap.add_argument("--explore", type=int, default=2, help="shell calls before the oracle, on both sides")
     ap.add_argument("--task", default="general/answer_number", help="a task id, a comma list, or 'all' (cycled)")

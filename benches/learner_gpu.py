@@ -346,7 +346,7 @@ def table(r: dict[str, Any]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benches.learner_gpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="tiny config and sizes: runs on a CPU in seconds")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--attn", default=VARLEN_ATTENTION,

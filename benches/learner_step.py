@@ -82,7 +82,7 @@ def run_bench(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benches.learner_step", description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=32)
     p.add_argument("--prompt", type=int, default=1500)
     p.add_argument("--response", type=int, default=40)

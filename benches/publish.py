@@ -199,7 +199,7 @@ def _table(report: dict[str, Any]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benches.publish", description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny shapes (a smoke test), not Qwen2-0.5B's")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=None, help="repetitions per method (default: 5, --small: 3)")

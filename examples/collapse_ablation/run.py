@@ -54,7 +54,7 @@ def arm_config(base: dict, name: str, iterations: int, backend: str) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="python -m examples.collapse_ablation.run", description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--backend", choices=("docker", "local"), default="docker")

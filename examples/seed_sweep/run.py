@@ -43,6 +43,9 @@ def arm_config(base: dict, name: str, seed: int, changes: dict, threads: int, wo
 
 
 def main() -> int:
+    if len(sys.argv) < 3 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help") else 2
     arms = json.loads(sys.argv[1])
     seeds = [int(s) for s in sys.argv[2].split(",")]
     threads = int(sys.argv[3]) if len(sys.argv) > 3 else 2
