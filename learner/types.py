@@ -167,7 +167,7 @@ class TrainerConfig(BaseModel):
     ``schedule``: linear warmup over ``warmup_steps``, then constant, or linear /
     cosine decay to ``min_lr_ratio x lr`` at ``total_steps``.
 
-    GPU throughput options, all off by default (``learner.bench_gpu`` measures
+    GPU throughput options, all off by default (``benches.learner_gpu`` measures
     them): ``rows_per_micro_batch`` stacks that many packed rows into one
     forward pass (a single 4k row of a 0.5B model leaves an H200 idle between
     kernel launches); ``logprob_chunk_tokens`` runs the LM head and fp32

@@ -102,7 +102,7 @@ def bench(
     pool_size: int = typer.Option(0, "--pool-size", help="spare sandboxes per image per worker beyond the warmed ones"),
 ) -> None:
     """Episodes/s and tool calls/s, Ray workers x concurrency vs the sequential plain-docker baseline."""
-    from rollout.bench import run_bench
+    from benches.rollout import run_bench
 
     result = run_bench(
         workers=workers, concurrency=concurrency, group_size=group_size, pool_size=pool_size, log=console.log

@@ -131,7 +131,7 @@ def bench(
     json_path: Path = typer.Option(None, "--json", help="write {metric: {ours_ms, baseline_ms, ratio}} here"),
 ) -> None:
     """Time the sandbox hot paths against the plain docker SDK, in the same run."""
-    from sandboxes.bench import run_bench
+    from benches.sandbox import run_bench
 
     with console.status("benchmarking") as status:
         rows = run_bench(quick=quick, json_path=json_path, progress=lambda msg: status.update(msg))

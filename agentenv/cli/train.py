@@ -7,52 +7,17 @@ evaluation) and a log line per step, then a table of the two pass rates.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-console = Console()
+from agentenv.progress import console, phase_progress
 
 
 def register(app: typer.Typer) -> None:
     app.command("train")(train)
-
-
-class RichReporter:
-    """Phases as rich progress bars; log lines printed above them."""
-
-    def __init__(self, progress: Any) -> None:
-        self.progress = progress
-        self.task: Any = None
-
-    def phase(self, name: str, total: int) -> None:
-        if self.task is not None:
-            self.progress.update(self.task, visible=False)
-        self.task = self.progress.add_task(name, total=total, detail="")
-
-    def advance(self, detail: str = "") -> None:
-        if self.task is not None:
-            self.progress.update(self.task, advance=1, detail=detail)
-
-    def log(self, line: str) -> None:
-        self.progress.console.log(line)
-
-
-@contextmanager
-def phase_progress() -> Iterator[RichReporter]:
-    """One rich progress display for a long job's phases (train, distill, teachers train); yields its reporter."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[detail]}"), console=console,
-    ) as progress:
-        yield RichReporter(progress)
 
 
 def pass_rate_table(summary: dict[str, Any], title: str, after: str) -> Table:

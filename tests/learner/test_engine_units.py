@@ -176,7 +176,7 @@ def test_the_learner_side_never_imports_a_sandbox_backend() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, learner.loop, learner.job, learner.checkpoint, learner.bench_engine; "
+    code = ("import sys, learner.loop, learner.job, learner.checkpoint, benches.engine; "
             "bad = sorted(m for m in sys.modules if m in ('docker',) or m.startswith('sandboxes.docker') "
             "or m.startswith('sandboxes.local_backend')); print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)

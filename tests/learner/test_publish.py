@@ -1,10 +1,9 @@
 """Weight publishing: atomic checkpoints (a crash mid-write never becomes LATEST), reloads into real
-``agentenv serve`` servers (and the error that names a server that is down), object-store packing,
-and the publish-latency bench's ``--small`` mode."""
+``agentenv serve`` servers (and the error that names a server that is down) and object-store packing.
+The publish-latency bench's ``--small`` mode is tested in ``tests/benches/test_publish_bench.py``."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -14,7 +13,6 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -204,24 +202,3 @@ def test_shareable_state_round_trips_bf16_and_tied_weights(tok: PreTrainedTokeni
     other.load_state_dict(back, strict=True)
     assert torch.equal(other.lm_head.weight, state["model.embed_tokens.weight"])
 
-
-# ---------------------------------------------------------------- the bench's smoke mode
-
-
-@pytest.mark.slow
-@pytest.mark.ray
-@pytest.mark.timeout(600)  # about 30 s on an idle 2-core machine; a loaded one starts 4 actors slowly
-def test_bench_publish_small(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    run = subprocess.run([sys.executable, "-m", "learner.bench_publish", "--small", "--json", str(out)],
-                         cwd=REPO, capture_output=True, text=True, timeout=570)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    report: dict[str, Any] = json.loads(out.read_text())
-    assert report["workers"] == 4 and report["dtype"] == "bfloat16" and report["repeats"] >= 3
-    for name in ("object_store", "checkpoint_reload"):
-        row = report["methods"][name]
-        assert len(row["seconds"]) == report["repeats"] and row["median_s"] > 0
-        assert row["verified"] is True  # every worker ended with the published weights
-    assert report["ratio_checkpoint_over_object_store"] == pytest.approx(
-        report["methods"]["checkpoint_reload"]["median_s"] / report["methods"]["object_store"]["median_s"])
-    assert "object_store" in run.stdout and "ratio" in run.stdout
