@@ -7,7 +7,7 @@ the fleet: backend, workers, concurrency, pool size, grading, Ray placement;
 the same field means the same thing in a rollout job, an eval sweep and a
 training run) and ``trainer:`` is a ``learner.types.TrainerConfig``
 (optimizer, schedule, micro-batching, device precision and every GPU fast-path
-option ``learner.bench_gpu`` measures). What is the training run's own: the
+option ``benches.learner_gpu`` measures). What is the training run's own: the
 phases (``sft``, ``rl``, ``eval``), the model, the runner, checkpoints.
 
 A setting two parts both read is given once; a second, conflicting one is an

@@ -6,7 +6,7 @@ model itself (ancestral sampling at T = 1, seeded), turns the rewards into
 advantages with ``learner.advantages.group_advantages``, and takes
 ``Trainer.step``s (packing, ``policy_loss``, AdamW) exactly as the training loop
 does; only the episode (a sandbox, a harness) is replaced by the reward
-function. Used by ``test_toy_rl.py`` and ``scripts/collapse_probe.py``.
+function. Used by ``test_toy_rl.py``.
 """
 
 from __future__ import annotations
