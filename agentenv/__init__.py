@@ -1,29 +1,25 @@
 """AgentENV: verifiable tasks in sandboxes, graded by physical checks.
 
-The single-env entry point is ``agentenv.make`` (a ``gymnasium.Env``); the
-task registry is ``agentenv.get_task`` / ``agentenv.list_tasks``. They are
-imported on first use so ``import agentenv`` stays cheap for workers that only
-need the contracts in ``agentenv.types``.
+The single-env entry point is ``agentenv.make`` (a ``gymnasium.Env``); the task registry is
+``agentenv.get_task`` / ``agentenv.list_tasks``; ``agentenv.check_task`` proves a task. Every public
+name is imported on first use, so ``import agentenv`` stays cheap for workers that only need the
+contracts in ``agentenv.types``.
 """
 
-from __future__ import annotations
+from sandboxes.exports import lazy_exports
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from agentenv.env import make
-    from agentenv.registry import get_task, list_tasks
-
-_LAZY = {"make": "agentenv.env", "get_task": "agentenv.registry", "list_tasks": "agentenv.registry"}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentenv' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
-
-
-__all__ = ["get_task", "list_tasks", "make"]
+_EXPORTS = {
+    "make": "agentenv.env",
+    **dict.fromkeys(["get_task", "list_tasks", "register"], "agentenv.registry"),
+    **dict.fromkeys(
+        ["Domain", "Episode", "Limits", "Task", "TaskSpec", "Variant", "Verifier", "VerifierResult"], "agentenv.types"
+    ),
+    **dict.fromkeys(["FolderTask", "PythonTask"], "agentenv.task"),
+    **dict.fromkeys(
+        ["AgentEnvError", "ConfigError", "TaskNotFound", "TaskSpecError", "BackendNotFound", "HarnessNotFound"],
+        "agentenv.errors",
+    ),
+    **dict.fromkeys(["format_loc", "load_yaml_config"], "agentenv.configs"),
+    "check_task": "agentenv.check",
+}
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)
