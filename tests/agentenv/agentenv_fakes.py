@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentenv.intents import Intent, IntentResult, ParsedTurn, ParseError, RenderedPrompt, ToolCall
+from agentenv.intents import Harness, Intent, IntentResult, ParsedTurn, ParseError, RenderedPrompt, ToolCall
 from sandboxes.errors import SandboxFileNotFound, SandboxFileTooLarge
 from sandboxes.types import READ_LIMIT, ExecResult, FileEntry, SandboxSpec, SnapshotKind, SnapshotRef
 
@@ -121,7 +121,7 @@ class FakeBackend:
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 
-class FakeHarness:
+class FakeHarness(Harness):  # the Protocol's default turn_intents
     name = "fake"
 
     def render(self, instruction: str, effort: str | None = None) -> RenderedPrompt:
