@@ -5,6 +5,10 @@
 registered by other packages under the ``agentenv.harnesses`` entry-point
 group. See docs/harnesses.md for the surfaces and for how to add one.
 
+The native harnesses (``native:claude_code``, ...: the real agent programs, run in
+the sandbox and recorded by the gateway) are not ``Harness`` objects; they are
+named and profiled in ``rollout.harnesses.native``.
+
 >>> h = get_harness("bash")
 >>> [t["function"]["name"] for t in h.render("list files").tools]
 ['bash', 'submit']
