@@ -36,7 +36,7 @@ from agentenv.intents import Harness
 from agentenv.types import Task, Variant, VerifierResult
 from rollout.errors import RolloutError
 from rollout.gate import TurnGate
-from rollout.harnesses.native import canonical_harness
+from rollout.harnesses import canonical_harness
 from rollout.pristine import PristineSandboxes
 from sandboxes.types import Sandbox, SandboxBackend
 

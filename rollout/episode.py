@@ -42,8 +42,7 @@ from agentenv.types import Task
 from rollout.attempt import AttemptHost, EpisodeContext, EpisodeLost, EpisodeRequest, SamplingParams
 from rollout.emulated_attempt import run_emulated_attempt
 from rollout.gate import TurnGate
-from rollout.harnesses.native import is_native_harness
-from rollout.native_attempt import run_native_attempt
+from rollout.harnesses import is_native_harness
 from rollout.policy.types import Policy
 from rollout.pristine import PristineSandboxes
 from rollout.store import TrajectoryStore
@@ -158,7 +157,13 @@ class EpisodeRunner:
     async def _attempt(self, req: EpisodeRequest, started: float) -> Trajectory:
         _IN_THREADS.set(set())
         # a native program drives its own loop and the gateway records it; else our loop drives an emulated harness
-        attempt: Attempt = run_native_attempt if is_native_harness(req.harness) else run_emulated_attempt
+        attempt: Attempt = run_emulated_attempt
+        if is_native_harness(req.harness):
+            # Imported with the first native episode: it brings the Docker client (image builds) and the gateway's
+            # web stack, which the learner side, importing this module for the in-process runner, never loads.
+            from rollout.native_attempt import run_native_attempt
+
+            attempt = run_native_attempt
         return await attempt(self, req, self._task(req.task_id), self.policy_for(req), req.sampling or self.sampling, started)
 
     # ------------------------------------------------------------ what attempts use (rollout.attempt.AttemptHost)

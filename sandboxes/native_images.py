@@ -41,13 +41,14 @@ import docker.errors
 from sandboxes.native_runtime import OPT, PythonRecipe, build_python_runtime
 from sandboxes.errors import SandboxError
 from sandboxes.images import ImageBuildError, image_exists
+from sandboxes import types
 from sandboxes.types import GATEWAY_MOUNT
 
 # The image names and labels keep their "cli" spelling from before the rename to "native": a tag is a content
 # hash under this prefix, so images already built stay valid (and are found) after the rename.
 NATIVE_REPOSITORY_PREFIX = "agentenv-cli-"
-GATEWAY_SOCKET = "gw.sock"
-FORWARD_PORT = 8787  # where the CLI finds the gateway inside the sandbox (loopback only)
+GATEWAY_SOCKET = types.GATEWAY_SOCKET
+FORWARD_PORT = types.GATEWAY_FORWARD_PORT  # where the program finds the gateway inside the sandbox (loopback only)
 INSTALL_DIR = OPT
 
 

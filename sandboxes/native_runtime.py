@@ -46,12 +46,13 @@ import docker
 import docker.errors
 
 from sandboxes.images import DEFAULT_SUITE, ImageBuildError, host_apt_mirror, image_exists
+from sandboxes.types import NATIVE_INSTALL_DIR
 
 # Image names, labels and in-sandbox paths keep their "cli" spelling from before the rename to "native", so the
 # runtime images already built (tagged by content hash) stay valid. The lock files' text is part of that hash:
 # their header comments are left as they were.
 RUNTIME_REPOSITORY_PREFIX = "agentenv-cli-runtime-"
-OPT = "/opt/agentenv-cli"
+OPT = NATIVE_INSTALL_DIR
 LOCK_DIR = Path(__file__).parent / "native_locks"
 MULTIARCH = "usr/lib/x86_64-linux-gnu"
 BUILD_STEPS_VERSION = "1"  # bump when the steps below change in a way the recipe does not show

@@ -39,8 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentenv.intents import EFFORT_LEVELS
-from rollout.harnesses import get_harness
-from rollout.harnesses.native import is_native_harness
+from rollout.harnesses import get_harness, is_native_harness
 from rollout.harnesses.rendering import ChatTokenizer, EpisodeRenderer
 from rollout.types import Trajectory
 from teachers.types import ContextMismatch, ScoreRequest, cell_key

@@ -4,7 +4,9 @@
 program (``sandboxes.native_images``) inside the task's sandbox; its model calls go
 through the recording gateway (``rollout.gateway``), whose record is the
 trajectory (``rollout.native_attempt``). The older prefix ``cli:`` is read as
-``native:`` wherever a harness name is taken (``canonical_harness``). A profile says:
+``native:`` wherever a harness name is taken (``rollout.harnesses.canonical_harness``).
+This module imports no Docker client (the learner side imports it through the
+scripted policies). A profile says:
 
 * the command line: the instruction, the turn budget where the CLI has one, the
   effort level mapped to the CLI's own setting;
@@ -22,11 +24,10 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from sandboxes.native_images import FORWARD_PORT, INSTALL_DIR
+from rollout.harnesses import canonical_harness
+from sandboxes.types import GATEWAY_FORWARD_PORT as FORWARD_PORT
+from sandboxes.types import NATIVE_INSTALL_DIR as INSTALL_DIR
 
-#: The harness-name prefix of a native program, and the older alias read as it.
-NATIVE_PREFIX = "native:"
-LEGACY_PREFIX = "cli:"
 # The program's HOME: on the sandbox's /tmp, never in the graded workdir (the path keeps its old name; it is
 # only ever inside a sandbox).
 NATIVE_HOME = "/tmp/agentenv-cli-home"
@@ -137,17 +138,6 @@ NATIVE_HARNESSES: dict[str, NativeProfile] = {
 }
 
 
-def is_native_harness(name: str) -> bool:
-    """Whether ``name`` names a native program (``native:...``, or its alias ``cli:...``) rather than an
-    emulated harness: the one test of it (the runner's dispatch, the teachers' context)."""
-    return name.startswith((NATIVE_PREFIX, LEGACY_PREFIX))
-
-
-def canonical_harness(name: str) -> str:
-    """``name`` with the alias ``cli:`` written ``native:``; every other name as it is."""
-    return NATIVE_PREFIX + name[len(LEGACY_PREFIX):] if name.startswith(LEGACY_PREFIX) else name
-
-
 def native_profile(name: str) -> NativeProfile:
     """The profile of a native harness (``native:codex``, or ``cli:codex``)."""
     try:
@@ -156,7 +146,4 @@ def native_profile(name: str) -> NativeProfile:
         raise NativeUnavailable(f"unknown native harness {name!r} (known: {sorted(NATIVE_HARNESSES)})") from None
 
 
-__all__ = [
-    "LEGACY_PREFIX", "NATIVE_HARNESSES", "NATIVE_HOME", "NATIVE_PREFIX", "NativeProfile", "NativeUnavailable",
-    "canonical_harness", "is_native_harness", "native_profile",
-]
+__all__ = ["NATIVE_HARNESSES", "NATIVE_HOME", "NativeProfile", "NativeUnavailable", "native_profile"]

@@ -24,8 +24,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rollout.harnesses import list_harnesses
-from rollout.harnesses.native import NATIVE_HARNESSES, canonical_harness
+from rollout.harnesses import canonical_harness, list_harnesses
+from rollout.harnesses.native import NATIVE_HARNESSES
 
 
 class RotationPolicy(BaseModel):

@@ -8,7 +8,8 @@ import shlex
 import pytest
 
 from rollout.attempt import EpisodeRequest
-from rollout.harnesses.native import NATIVE_HARNESSES, NativeUnavailable, canonical_harness, is_native_harness, native_profile
+from rollout.harnesses import canonical_harness, is_native_harness
+from rollout.harnesses.native import NATIVE_HARNESSES, NativeUnavailable, native_profile
 from rollout.harnesses.rotation import RotationPolicy
 
 pytestmark = pytest.mark.unit
