@@ -13,7 +13,7 @@ out), so the env stays the same whichever harness a model is trained through.
   ``gymnasium.utils.env_checker.check_env`` sends -- is data: it comes back as
   the harness's tool-error message, never as an exception. A turn is read as
   the rollout's episode runner reads it, through the harness's ``turn_intents``
-  when it has one: on a harness whose episodes end with a turn of plain text
+  (``Harness`` has a default): on a harness whose episodes end with a turn of plain text
   (Claude Code, Codex, Kimi) that turn submits its text as the answer. Elsewhere
   a turn with no tool call gets a short reminder and does not end the episode.
 * Reward is 0 until the episode ends. It ends *terminated* when the agent
@@ -241,12 +241,9 @@ class TaskEnv(gymnasium.Env[str, str]):
         return texts
 
     def _intents(self, turn: ParsedTurn) -> list[Intent | ParseError]:
-        """The turn's intents then its errors, as ``rollout.episode`` takes them: the harness's own
-        ``turn_intents`` where it has one (a plain text turn is its ``submit``), else each call mapped."""
-        turn_intents = getattr(self.harness, "turn_intents", None)
-        if callable(turn_intents):
-            return list(turn_intents(turn))
-        return [self.harness.to_intent(c) for c in turn.calls] + list(turn.errors)
+        """The turn's intents then its errors, as the rollout's attempts take them (``Harness.turn_intents``:
+        on a harness that ends with a text turn, that turn is its ``submit``)."""
+        return list(self.harness.turn_intents(turn))
 
     def _execute(self, intent: Intent) -> IntentResult:
         assert self._executor is not None

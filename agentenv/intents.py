@@ -141,7 +141,7 @@ class Harness(Protocol):
     "arguments": <JSON string>}}]}``) or the raw text a local model emitted under
     the project's chat template (``<tool_call>{"name", "arguments"}</tool_call>``);
     it never raises. ``to_intent`` never raises either: a call it cannot map is a
-    ``ParseError``.
+    ``ParseError``. ``turn_intents`` has a default (see there).
     """
 
     name: str
@@ -159,6 +159,15 @@ class Harness(Protocol):
     def format_error(self, error: ParseError) -> Mapping[str, Any]:
         """A chat message telling the model its call was malformed, in the harness's style."""
         ...
+
+    def turn_intents(self, turn: ParsedTurn) -> list[Intent | ParseError]:
+        """The turn's intents in order, then its errors: what the episode executes.
+
+        The default maps each call with ``to_intent``; a harness where a plain text turn
+        ends the episode (every real one) returns a ``submit`` for it instead
+        (``rollout.harnesses.base.BaseHarness``). Subclass ``Harness`` to inherit the default.
+        """
+        return [self.to_intent(c) for c in turn.calls] + list(turn.errors)
 
 
 __all__ = [

@@ -8,6 +8,8 @@ expected and what arrived.
 What is *not* here on purpose: a failed episode. A sandbox lost, a policy that
 errored or a turn limit reached is a ``Trajectory`` with a ``status`` and an
 ``error``, never an exception that kills a worker (see ``rollout.episode``).
+``rollout.attempt.EpisodeLost`` belongs to this tree but never leaves the runner:
+an attempt raises it for the runner to retry on a fresh sandbox.
 
 ``rollout.policy.types.PolicyError`` (a model client failed) still lives beside
 the policy contract; it is meant to join this tree.

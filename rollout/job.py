@@ -32,7 +32,7 @@ from rollout.store import EpisodeRow, TrajectoryStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["init_ray", "main", "resolve_tasks", "run_rollout"]
+__all__ = ["check_placement", "init_ray", "main", "resolve_tasks", "run_rollout"]
 
 
 def resolve_tasks(sel: TaskSelection) -> dict[str, str]:
@@ -72,7 +72,8 @@ def init_ray(cfg: RayConfig, workers: int) -> bool:
     return True
 
 
-def _check_placement(cfg: RolloutConfig) -> None:
+def check_placement(cfg: RolloutConfig) -> None:
+    """Fail at once, with the fix, when no node of the Ray cluster can place a worker of ``cfg``."""
     import ray
 
     name = cfg.ray.worker_resource
@@ -112,7 +113,7 @@ def run_rollout(
     started = init_ray(cfg.ray, cfg.workers)
     clients: list[RayWorkerClient] = []
     try:
-        _check_placement(cfg)
+        check_placement(cfg)
 
         async def main() -> RolloutReport:
             for i in range(cfg.workers):

@@ -36,9 +36,11 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from rollout.attempt import EpisodeRequest
 from rollout.config import RolloutConfig
-from rollout.episode import EpisodeRequest, EpisodeRunner
+from rollout.episode import EpisodeRunner
 from rollout.gate import TurnGate
+from rollout.policy.scripted import ScriptedPolicy
 from rollout.store import TrajectoryStore
 from rollout.types import Trajectory
 
@@ -115,8 +117,7 @@ class InProcessRunner:
         grade_in_place: bool = True,
         sandbox_retries: int = 1,
     ) -> None:
-        from rollout.policy.scripted import ScriptedPolicy
-        from rollout.worker import make_backend
+        from rollout.worker import make_backend  # lazily: the worker module is Ray's
 
         self.policy = policy
         self.store = store
@@ -197,12 +198,12 @@ class RayRunner:
         self.counts: Counter[str] = Counter()
 
     async def start(self, task_ids: Sequence[str]) -> None:
-        from rollout.job import _check_placement, init_ray
+        from rollout.job import check_placement, init_ray
         from rollout.scheduler import Scheduler
         from rollout.worker import RayWorkerClient, WorkerSpec, start_worker
 
         self._started_ray = init_ray(self.cfg.ray, self.cfg.workers)
-        _check_placement(self.cfg)
+        check_placement(self.cfg)
         spec = WorkerSpec(
             self.cfg.run_id, self.cfg.policy, self.cfg.sampling, self.cfg.backend, self.cfg.pool_size,
             self.cfg.retries.sandbox_acquire, self.cfg.grading, train_model=self.train_model,

@@ -43,14 +43,12 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from rollout.attempt import EpisodeRequest
 from rollout.config import RolloutConfig, StalePolicy, StalenessConfig
 from rollout.errors import ConfigError, StalenessError, WorkerLost
 from rollout.types import Status, Trajectory
-
-if TYPE_CHECKING:
-    from rollout.episode import EpisodeRequest
 
 log = logging.getLogger(__name__)
 LOCALITY_WINDOW = 256  # queued requests scanned for one of a worker's own groups
@@ -75,8 +73,6 @@ class WorkerClient(Protocol):
 
 def plan_episodes(cfg: RolloutConfig, task_ids: Sequence[str]) -> list[EpisodeRequest]:
     """Every episode of the run, in group order: ``G`` per (task, seed), draws per episode index."""
-    from rollout.episode import EpisodeRequest
-
     plan: list[EpisodeRequest] = []
     for task_id in task_ids:
         for seed in cfg.seeds:

@@ -39,15 +39,16 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from rollout.attempt import EpisodeRequest, SamplingParams
 from rollout.config import PolicyConfig, RolloutConfig, SamplingConfig
-from rollout.policy.types import Policy, SamplingParams, VersionedPolicy, WeightSwappingPolicy
+from rollout.episode import EpisodeRunner
 from rollout.errors import UnsupportedPolicy, WorkerClosed, WorkerLost
+from rollout.gate import TurnGate
+from rollout.policy.scripted import ScriptedPolicy
+from rollout.policy.types import Policy, VersionedPolicy, WeightSwappingPolicy
 from rollout.types import Trajectory
-
-if TYPE_CHECKING:
-    from rollout.episode import EpisodeRequest
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,6 @@ def apply_version(policy: Any, version: int, weights: Any = None) -> Any:
     if isinstance(policy, VersionedPolicy):
         policy.set_version(version)
         return policy
-    from rollout.policy.scripted import ScriptedPolicy
-
     if isinstance(policy, ScriptedPolicy):
         return ScriptedPolicy(version=version, styled=policy.styled)
     raise UnsupportedPolicy(f"policy: expected an object with set_weights or set_version, got {type(policy).__name__}")
@@ -108,8 +107,6 @@ def build_policy(cfg: PolicyConfig) -> tuple[Policy, Any]:
     """The worker's policy and tokenizer (None when the runner needs none). Imports lazily: a scripted
     run never imports torch."""
     if cfg.kind == "scripted":
-        from rollout.policy.scripted import ScriptedPolicy
-
         return ScriptedPolicy(), None
     if cfg.kind == "hf":
         from rollout.policy.hf import HFPolicy
@@ -160,12 +157,8 @@ class RolloutWorker:
     """
 
     def __init__(self, spec: WorkerSpec, index: int = 0) -> None:
-        from rollout.episode import EpisodeRunner
-
         self.spec = spec
         self.index = index
-        from rollout.gate import TurnGate
-
         if spec.torch_threads:
             import torch
 
@@ -174,8 +167,6 @@ class RolloutWorker:
         policies: dict[str, Policy] = {}
         if spec.train_model is not None:
             policy, tokenizer = build_train_policy(spec.train_model, spec.tokenizer)
-            from rollout.policy.scripted import ScriptedPolicy
-
             policies = {"train": policy, "oracle": ScriptedPolicy(), "oracle_effort": ScriptedPolicy(styled=True)}
         else:
             policy, tokenizer = build_policy(spec.policy)

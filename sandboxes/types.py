@@ -33,6 +33,11 @@ READ_LIMIT = 64 << 20  # the most ``read_file`` returns unless the caller passes
 
 
 GATEWAY_MOUNT = "/run/agentenv-gateway"  # where ``SandboxSpec.gateway_dir`` appears inside the sandbox
+GATEWAY_SOCKET = "gw.sock"  # the gateway's Unix socket, in GATEWAY_MOUNT
+GATEWAY_FORWARD_PORT = 8787  # where a native program finds the gateway inside the sandbox (loopback only)
+# Where the native programs live in their images (sandboxes.native_images); the path keeps its "cli" spelling, which
+# is hashed into the images' tags, so images built before the rename to "native" stay valid.
+NATIVE_INSTALL_DIR = "/opt/agentenv-cli"
 
 
 class SandboxSpec(BaseModel):
@@ -291,7 +296,10 @@ def runs_images(backend: object) -> bool:
 
 
 __all__ = [
+    "GATEWAY_FORWARD_PORT",
     "GATEWAY_MOUNT",
+    "GATEWAY_SOCKET",
+    "NATIVE_INSTALL_DIR",
     "DEFAULT_EXEC_TIMEOUT_S",
     "LabelledBackend",
     "Quiescable",

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentenv.intents import EFFORT_LEVELS
-from rollout.harnesses import get_harness
+from rollout.harnesses import get_harness, is_native_harness
 from rollout.harnesses.rendering import ChatTokenizer, EpisodeRenderer
 from rollout.types import Trajectory
 from teachers.types import ContextMismatch, ScoreRequest, cell_key
@@ -127,12 +127,12 @@ def trajectory_contexts(
 
     The instruction is re-created from the task registry (``task.variant(seed).instruction``,
     as ``rollout.episode`` does) unless given; ``cell`` defaults to the trajectory's
-    ``domain/effort``. A real-CLI harness (``cli:...``) has no re-renderable prompt and is
+    ``domain/effort``. A native harness (``native:...``) has no re-renderable prompt and is
     refused with ``ContextMismatch``.
     """
-    if trajectory.harness.startswith("cli:"):
+    if is_native_harness(trajectory.harness):
         raise ContextMismatch(
-            f"trajectory {trajectory.episode_id}: harness {trajectory.harness!r} is a real CLI recorded by the gateway; "
+            f"trajectory {trajectory.episode_id}: harness {trajectory.harness!r} is a native program (a real CLI) recorded by the gateway; "
             "its prompt cannot be re-rendered without the effort message"
         )
     if instruction is None:

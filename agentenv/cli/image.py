@@ -44,25 +44,29 @@ def build(
     console.print(f"[green]ready[/] {tag}")
 
 
-@app.command("build-cli")
-def build_cli(
-    cli: str = typer.Argument(..., help="claude | codex | kimi"),
-    base: str = typer.Option(None, help="image to put the CLI on; default: the suite base image"),
+@app.command("build-native")
+def build_native(
+    program: str = typer.Argument(..., help="claude | codex | kimi"),
+    base: str = typer.Option(None, help="image to put the program on; default: the suite base image"),
     force: bool = typer.Option(False, help="rebuild even if the content hash is present"),
 ) -> None:
-    """Put a pinned real harness CLI (from PyPI) on an image, cached by content hash.
+    """Put a pinned native agent program (a real harness CLI, from PyPI) on an image, cached by content hash.
 
     claude and codex are binaries from their wheels; kimi is kimi-cli in its own Python 3.13 from
     Debian trixie (built once into a runtime image by debootstrap, pip and patchelf; needs root).
     """
     import docker
 
-    from sandboxes.cli_images import RECIPES, ensure_cli_image
     from sandboxes.images import ensure_base_image
+    from sandboxes.native_images import RECIPES, ensure_native_image
 
-    if cli not in RECIPES:
-        raise typer.BadParameter(f"expected one of {', '.join(sorted(RECIPES))}, got {cli!r}", param_hint="CLI")
+    if program not in RECIPES:
+        raise typer.BadParameter(f"expected one of {', '.join(sorted(RECIPES))}, got {program!r}", param_hint="PROGRAM")
     client = docker.from_env(timeout=600)
-    with console.status(f"building the {cli} image"):
-        tag = ensure_cli_image(client, cli, base or ensure_base_image(client, log=console.log), force=force, log=console.log)
+    with console.status(f"building the {program} image"):
+        tag = ensure_native_image(client, program, base or ensure_base_image(client, log=console.log), force=force, log=console.log)
     console.print(f"[green]ready[/] {tag}")
+
+
+# The command's name before "cli" (the third-party programs) became "native": kept working, not listed.
+app.command("build-cli", hidden=True)(build_native)

@@ -116,7 +116,8 @@ PLUGIN = "agentenv_stream"
 TOOLS = {f"{PLUGIN}.py": _HERE / "pytest_stream.py", "agentenv_preflight.py": _HERE / "preflight.py"}
 #: pytest's built-in plugins that read state a workspace could plant or reach outside; never needed.
 BLOCKED_PLUGINS = ("cacheprovider", "stepwise", "pastebin")
-_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); import pytest; raise SystemExit(pytest.main())"
+#: How the grading process starts pytest: the tools folder first on sys.path (the argument it pops), then pytest.main.
+PYTEST_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); import pytest; raise SystemExit(pytest.main())"
 #: The grading exec: the preflight first (one JSON line on stdout, before anything of the agent runs), then
 #: pytest with fd 3 = the exec's stdout (the stream) and its own stdout/stderr sent to a log file.
 WRAPPER = (
@@ -201,7 +202,7 @@ class UnitTestsVerifier(BaseVerifier):
         scan = "--scan" if self.spec.detect_tampering != "off" else ""
         blocked = [arg for name in BLOCKED_PLUGINS for arg in ("-p", f"no:{name}")]
         result = sandbox.exec(
-            ["bash", "-c", WRAPPER, _BOOT, tools, root, junit, log, episode.workdir, scan, "-p", PLUGIN, *blocked],
+            ["bash", "-c", WRAPPER, PYTEST_BOOT, tools, root, junit, log, episode.workdir, scan, "-p", PLUGIN, *blocked],
             timeout=self.spec.timeout_s,
             cwd=episode.workdir,
             env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "AGENTENV_STREAM_FD": "3", "BASH_ENV": "", "ENV": "",

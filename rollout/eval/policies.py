@@ -18,17 +18,17 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from agentenv.intents import Intent
+from rollout.attempt import EpisodeContext
 from rollout.harnesses.base import BaseHarness
 from rollout.policy.types import FinishReason, Generation, Policy, PolicyError, Prompt, SamplingParams, ThinkingBudget
 
 if TYPE_CHECKING:
-    from rollout.episode import EpisodeContext
     from rollout.eval.config import PolicySpec
 
 __all__ = ["Counted", "DoNothingPolicy", "build_eval_policy"]
 
 
-class DoNothingPolicy:
+class DoNothingPolicy(Policy):
     """Submits at once, in the episode's harness, with no answer: a task proven by ``agentenv check`` scores 0."""
 
     name = "do-nothing"
@@ -50,7 +50,7 @@ class DoNothingPolicy:
         raise PolicyError("DoNothingPolicy needs its episode's harness: run it through EpisodeRunner")
 
 
-class _Submit:
+class _Submit(Policy):
     def __init__(self, parent: DoNothingPolicy, ctx: EpisodeContext) -> None:
         self.name, self._parent, self._harness = parent.name, parent, ctx.harness
 
@@ -65,7 +65,7 @@ class _Submit:
         return Generation(text, (), (), FinishReason.STOP, self.version)
 
 
-class Counted:
+class Counted(Policy):
     """Wraps a policy; ``counts[episode_id]`` holds the tokens of that episode's latest attempt."""
 
     def __init__(self, inner: Any) -> None:
@@ -81,8 +81,7 @@ class Counted:
         return getattr(self.inner, item)
 
     def for_episode(self, ctx: EpisodeContext) -> Policy:
-        bind = getattr(self.inner, "for_episode", None)
-        inner = bind(ctx) if callable(bind) else self.inner
+        inner = self.inner.for_episode(ctx)
         counts = {"thinking_tokens": 0, "usage_prompt_tokens": 0, "usage_completion_tokens": 0, "generations": 0}
         self.counts[ctx.request.episode_id] = counts
         return _CountedEpisode(inner, counts)
@@ -91,7 +90,7 @@ class Counted:
         return await self.inner.generate(prompt, sampling, budget)  # type: ignore[no-any-return]
 
 
-class _CountedEpisode:
+class _CountedEpisode(Policy):
     def __init__(self, inner: Any, counts: dict[str, int]) -> None:
         self.inner, self.counts = inner, counts
         self.name = getattr(inner, "name", "policy")

@@ -27,13 +27,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from rollout.attempt import EpisodeRequest as CellRequest
 from rollout.eval.policies import Counted, build_eval_policy
 from rollout.eval.types import Outcome, outcome_of
 from rollout.types import Trajectory
 from rollout.worker import RayWorkerClient
 
 if TYPE_CHECKING:
-    from rollout.episode import EpisodeRequest as CellRequest
     from rollout.eval.config import PolicySpec, SweepConfig
 
 log = logging.getLogger(__name__)

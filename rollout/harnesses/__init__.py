@@ -5,6 +5,12 @@
 registered by other packages under the ``agentenv.harnesses`` entry-point
 group. See docs/harnesses.md for the surfaces and for how to add one.
 
+The native harnesses (``native:claude_code``, ...: the real agent programs, run in
+the sandbox and recorded by the gateway) are not ``Harness`` objects; they are
+profiled in ``rollout.harnesses.native``. ``is_native_harness(name)`` tells the two
+kinds of name apart, and ``canonical_harness(name)`` reads the older prefix
+``cli:`` as ``native:``.
+
 >>> h = get_harness("bash")
 >>> [t["function"]["name"] for t in h.render("list files").tools]
 ['bash', 'submit']
@@ -31,6 +37,22 @@ BUILTIN_HARNESSES: dict[str, str] = {
     "kimi_cli": "rollout.harnesses.kimi_cli:KimiCliHarness",
     "kimi_code": "rollout.harnesses.kimi_code:KimiCodeHarness",
 }
+
+
+#: The harness-name prefix of a native program, and the older alias read as it.
+NATIVE_PREFIX = "native:"
+LEGACY_PREFIX = "cli:"
+
+
+def is_native_harness(name: str) -> bool:
+    """Whether ``name`` names a native program (``native:...``, or its alias ``cli:...``) rather than an
+    emulated harness: the one test of it (the runner's dispatch, the teachers' context)."""
+    return name.startswith((NATIVE_PREFIX, LEGACY_PREFIX))
+
+
+def canonical_harness(name: str) -> str:
+    """``name`` with the alias ``cli:`` written ``native:``; every other name as it is."""
+    return NATIVE_PREFIX + name[len(LEGACY_PREFIX):] if name.startswith(LEGACY_PREFIX) else name
 
 
 class UnknownHarness(LookupError):
@@ -71,4 +93,7 @@ def get_harness(name: str) -> Harness:
     return harness
 
 
-__all__ = ["BUILTIN_HARNESSES", "ENTRY_POINT_GROUP", "UnknownHarness", "get_harness", "list_harnesses"]
+__all__ = [
+    "BUILTIN_HARNESSES", "ENTRY_POINT_GROUP", "LEGACY_PREFIX", "NATIVE_PREFIX", "UnknownHarness", "canonical_harness", "get_harness",
+    "is_native_harness", "list_harnesses",
+]

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from agentenv.intents import (
     EFFORT_LEVELS,
+    Harness,
     Intent,
     IntentResult,
     ParsedTurn,
@@ -145,10 +146,10 @@ def plain_result(result: IntentResult) -> str:
     return result.output
 
 
-class BaseHarness:
+class BaseHarness(Harness):
     """Everything but the tool tables. Subclasses fill in the class attributes."""
 
-    name: ClassVar[str] = ""
+    name: str = ""
     system_prompt: ClassVar[str] = ""
     tools: ClassVar[tuple[Tool, ...]] = ()
     call_id_prefix: ClassVar[str] = "call_"

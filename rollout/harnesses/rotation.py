@@ -11,6 +11,9 @@ Kinds:
 * ``weighted``: probabilities proportional to ``weights``;
 * ``round_robin``: ``harnesses[(i + offset) % n]``, with the offset drawn from the seed;
 * ``fixed``: always ``harnesses[0]``.
+
+``harnesses`` names emulated harnesses (``rollout.harnesses``) and native programs
+(``native:codex``; the older spelling ``cli:codex`` is read as it).
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import hashlib
 import random
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rollout.harnesses import list_harnesses
+from rollout.harnesses import canonical_harness, list_harnesses
+from rollout.harnesses.native import NATIVE_HARNESSES
 
 
 class RotationPolicy(BaseModel):
@@ -34,11 +38,17 @@ class RotationPolicy(BaseModel):
     weights: tuple[float, ...] | None = None
     seed: int = 0
 
+    @field_validator("harnesses", mode="before")
+    @classmethod
+    def _native_alias(cls, value: object) -> object:
+        """``cli:codex`` (the older name) is read as ``native:codex``: a config keeps one spelling from here on."""
+        if isinstance(value, (list, tuple)):
+            return tuple(canonical_harness(v) if isinstance(v, str) else v for v in value)
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> RotationPolicy:
-        from rollout.harnesses.cli import CLI_HARNESSES  # the real CLIs (issue 16) rotate beside the emulated ones
-
-        known = set(list_harnesses()) | set(CLI_HARNESSES)
+        known = set(list_harnesses()) | set(NATIVE_HARNESSES)  # the native programs rotate beside the emulated harnesses
         unknown = [h for h in self.harnesses if h not in known]
         if unknown:
             raise ValueError(f"harnesses: unknown {unknown}; known are {sorted(known)}")

@@ -60,7 +60,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from rollout.policy.models import load_model, place
-from rollout.policy.types import FinishReason, Generation, PolicyError, Prompt, SamplingParams, ThinkingBudget
+from rollout.policy.types import FinishReason, Generation, Policy, PolicyError, Prompt, SamplingParams, ThinkingBudget
 from rollout.tokenizer import EOT
 
 
@@ -146,7 +146,7 @@ def _check(sampling: SamplingParams) -> None:
         raise ValueError(f"SamplingParams.max_new_tokens must be >= 0, got {sampling.max_new_tokens}")
 
 
-class HFPolicy:
+class HFPolicy(Policy):
     """A local ``transformers`` causal LM behind the ``Policy`` protocol; see the module docstring.
 
     ``model_or_path`` is a loaded model, a local checkpoint directory, or

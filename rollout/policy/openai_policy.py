@@ -62,7 +62,7 @@ from typing import Any, Literal
 import openai
 from transformers import PreTrainedTokenizerBase
 
-from rollout.policy.types import FinishReason, Generation, PolicyError, Prompt, SamplingParams, ThinkingBudget
+from rollout.policy.types import FinishReason, Generation, Policy, PolicyError, Prompt, SamplingParams, ThinkingBudget
 from rollout.tokenizer import EOT
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ async def _aclose(closer: AsyncGenerator[None, None]) -> None:
     await closer.aclose()
 
 
-class OpenAIPolicy:
+class OpenAIPolicy(Policy):
     """A ``Policy`` backed by an OpenAI-compatible endpoint; see the module docstring.
 
     ``version`` is what the caller says is loaded on the server

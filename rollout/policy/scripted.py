@@ -24,24 +24,29 @@ experts and students can learn effort levels that differ by length:
 
 A request without an effort is replayed unstyled.
 
-It needs the episode: ``EpisodeRunner`` calls ``for_episode(ctx)`` and samples
+It needs the episode: each attempt calls ``for_episode(ctx)`` and samples
 from the returned per-episode policy; calling ``generate`` on the shared
 object raises ``PolicyError``.
+
+The oracle of a native episode (``NativeOraclePolicy``: the same oracle script as
+the program's own shell tool call, then a text answer) and a policy that does
+nothing there (``NativeDoNothingPolicy``) live here too, beside the helpers every
+oracle uses (``oracle_command``, ``answer_from_observation``, ``message_text``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentenv.intents import Intent
+from rollout.attempt import EpisodeContext
 from rollout.harnesses.base import BaseHarness
+from rollout.harnesses.native import native_profile
 from rollout.policy.types import FinishReason, Generation, Policy, PolicyError, Prompt, SamplingParams, ThinkingBudget
-
-if TYPE_CHECKING:
-    from rollout.episode import EpisodeContext
 
 #: Longest the oracle's shell call may run (every harness accepts 300 s).
 ORACLE_TIMEOUT_S = 300
@@ -84,14 +89,15 @@ def answer_from_observation(text: str) -> str | None:
     return kept[-1] if kept else None
 
 
-def _text(message: Mapping[str, Any]) -> str:
+def message_text(message: Mapping[str, Any]) -> str:
+    """The text of a chat message (its content, or its text parts joined by newlines)."""
     content = message.get("content", "")
     if isinstance(content, list):
         return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
     return str(content or "")
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(Policy):
     """The oracle, replayed through whatever harness the episode uses.
 
     Usage::
@@ -117,7 +123,7 @@ class ScriptedPolicy:
         raise PolicyError("ScriptedPolicy needs its episode: run it through EpisodeRunner (which calls for_episode)")
 
 
-class _OracleReplay:
+class _OracleReplay(Policy):
     """One episode of ``ScriptedPolicy``: turn 1 runs the oracle, then (max style) a verifying call, then submit."""
 
     def __init__(self, parent: ScriptedPolicy, ctx: EpisodeContext) -> None:
@@ -153,7 +159,7 @@ class _OracleReplay:
                 tool_results = [m for m in prompt.messages if m.get("role") == "tool"]
                 # the oracle's own output (a max-style episode's last result is the verifying call's)
                 result = (tool_results[0] if self._effort == "max" else tool_results[-1]) if tool_results else None
-                answer = answer_from_observation(_text(result)) if result is not None else None
+                answer = answer_from_observation(message_text(result)) if result is not None else None
             intent = Intent("submit", {"answer": answer})
         self._turn += 1
         text = thinking + harness.render_turn([intent])
@@ -174,4 +180,93 @@ def verify_command(script: str) -> str:
     return f"cat {written[-1]}" if written else "ls /workspace"
 
 
-__all__ = ["EFFORT_PLANS", "ORACLE_TIMEOUT_S", "ScriptedPolicy", "answer_from_observation", "oracle_command", "verify_command"]
+# ---------------------------------------------------------------- the scripted policies of native episodes
+
+
+class NativeOraclePolicy(Policy):
+    """Replays each task's oracle as a native program's own shell tool call, then answers in text.
+
+    Turn 1: the CLI's shell tool (``Bash{command}``, ``exec_command{cmd}``, ``Shell{command}``) running the
+    variant's oracle script; turn 2: a text turn -- the CLI ends its run -- whose text is
+    the last line the oracle printed where the task is graded on an answer.
+    """
+
+    name = "native-oracle"
+
+    def __init__(self, *, version: int = 0, explore: int = 0) -> None:
+        self._version = version
+        self.explore = explore  # shell calls (``ls -la``) before the oracle: longer episodes for the exactness benchmark
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def for_episode(self, ctx: EpisodeContext) -> Policy:
+        return _NativeOracleReplay(self, ctx)
+
+    async def generate(self, prompt: Prompt, sampling: SamplingParams, budget: ThinkingBudget | None = None) -> Generation:
+        raise PolicyError("NativeOraclePolicy needs its episode: run it through EpisodeRunner with a native: harness")
+
+
+class _NativeOracleReplay(Policy):
+    def __init__(self, parent: NativeOraclePolicy, ctx: EpisodeContext) -> None:
+        self.name, self._parent, self._ctx, self._turn = parent.name, parent, ctx, 0
+
+    @property
+    def version(self) -> int:
+        return self._parent.version
+
+    async def generate(self, prompt: Prompt, sampling: SamplingParams, budget: ThinkingBudget | None = None) -> Generation:
+        ctx = self._ctx
+        profile = native_profile(ctx.request.harness)
+        tools = {t.get("function", {}).get("name") for t in prompt.tools}
+        if profile.shell_tool[0] not in tools:  # a side call (title, summary) without tools: answer briefly
+            return Generation("Task", (), (), FinishReason.STOP, self.version)
+        explore = min(self._parent.explore, max(ctx.task.limits.max_turns - 2, 0))  # the oracle and the answer still fit
+        if self._turn < explore:
+            name, arg = profile.shell_tool
+            text = f"<tool_call>\n{json.dumps({'name': name, 'arguments': {arg: f'ls -la # look {self._turn}'}})}\n</tool_call>"
+        elif self._turn == explore:
+            script = ctx.task.oracle_script(ctx.variant)
+            if script is None:
+                raise PolicyError(f"task {ctx.task.id!r} has no oracle script to replay")
+            name, arg = profile.shell_tool
+            args: dict[str, Any] = {arg: oracle_command(script)}
+            timeout = min(float(ctx.task.limits.wall_time_s), ORACLE_TIMEOUT_S)
+            if profile.program == "claude":
+                args["timeout"] = int(timeout * 1000)
+            elif profile.program == "kimi":
+                args["timeout"] = max(1, min(int(timeout), 300))  # seconds; kimi refuses > 300 in the foreground
+            else:
+                args["yield_time_ms"] = int(timeout * 1000)
+            text = f"<tool_call>\n{json.dumps({'name': name, 'arguments': args}, ensure_ascii=False)}\n</tool_call>"
+        else:
+            answer = None
+            if ctx.task.oracle_answers():
+                results = [m for m in prompt.messages if m.get("role") == "tool"]
+                answer = answer_from_observation(_strip_codex(message_text(results[-1]))) if results else None
+            text = answer or "Done."
+        self._turn += 1
+        return Generation(text, (), (), FinishReason.STOP, self.version)
+
+
+def _strip_codex(text: str) -> str:
+    """Codex wraps exec_command output in a header ending with 'Output:'; keep what follows."""
+    marker = "\nOutput:\n"
+    return text.split(marker, 1)[1] if marker in text else text
+
+
+class NativeDoNothingPolicy(Policy):
+    """Answers every call with a text turn and calls no tool: the native program ends at once; the task earns 0."""
+
+    name = "do-nothing"
+    version = 0
+
+    async def generate(self, prompt: Prompt, sampling: SamplingParams, budget: ThinkingBudget | None = None) -> Generation:
+        return Generation("I will not do anything.", (), (), FinishReason.STOP, 0)
+
+
+__all__ = [
+    "EFFORT_PLANS", "ORACLE_TIMEOUT_S", "NativeDoNothingPolicy", "NativeOraclePolicy", "ScriptedPolicy", "answer_from_observation",
+    "message_text", "oracle_command", "verify_command",
+]

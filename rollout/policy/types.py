@@ -20,6 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+# SamplingParams is part of the episode request (rollout.attempt); it is re-exported here as part of the call.
+from rollout.attempt import EpisodeContext, SamplingParams
+
 
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # hit a stop string / end-of-turn token
@@ -28,17 +31,6 @@ class FinishReason(str, enum.Enum):
     # (max_new_tokens ran out during or right after the inserted close tag). When the model
     # did go on to act, the reason is STOP / LENGTH and ``Generation.budget_closed`` is True.
     BUDGET = "budget"
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample one turn. ``stop`` strings end the turn (e.g. a harness's end-of-call marker)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 512
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -112,7 +104,14 @@ class PolicyError(RuntimeError):
 
 @runtime_checkable
 class Policy(Protocol):
-    """A model the episode runner samples from. ``version`` is the weight version now loaded."""
+    """A model the episode runner samples from. ``version`` is the weight version now loaded.
+
+    ``for_episode(ctx)`` is called once per attempt, before its first turn, and the
+    attempt samples from what it returns. The default returns the policy itself;
+    a policy that needs to know its episode (the scripted oracle replays the
+    task's own solution in the episode's harness) returns a per-episode policy.
+    Subclass ``Policy`` to inherit the default.
+    """
 
     name: str
 
@@ -125,6 +124,10 @@ class Policy(Protocol):
         sampling: SamplingParams,
         budget: ThinkingBudget | None = None,
     ) -> Generation: ...
+
+    def for_episode(self, ctx: EpisodeContext) -> Policy:
+        """The policy that plays the episode ``ctx`` describes (by default, this one)."""
+        return self
 
 
 @runtime_checkable

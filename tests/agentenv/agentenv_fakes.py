@@ -11,12 +11,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from agentenv.intents import Intent, IntentResult, ParsedTurn, ParseError, RenderedPrompt, ToolCall
+from agentenv.intents import Harness, Intent, IntentResult, ParsedTurn, ParseError, RenderedPrompt, ToolCall
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 
-class FakeHarness:
+class FakeHarness(Harness):  # the Protocol's default turn_intents
     name = "fake"
 
     def render(self, instruction: str, effort: str | None = None) -> RenderedPrompt:

@@ -20,7 +20,7 @@ from agentenv.types import (  # noqa: E402
 )
 from agentenv.verifiers import build_composite, build_verifier  # noqa: E402
 from agentenv.verifiers.composite import CompositeVerifier, Weighted  # noqa: E402
-from rollout.episode import _result_dict  # noqa: E402
+from rollout.attempt import verifier_record  # noqa: E402
 from sandboxes.testing import FakeSandbox  # noqa: E402
 
 pytestmark = pytest.mark.unit
@@ -70,9 +70,9 @@ def test_all_zero_weights_are_a_spec_error_naming_the_field_and_invalid_if_built
 
 def test_the_trajectory_records_whose_invalid_it_is_and_the_tampering_flag() -> None:
     flagged = VerifierResult(0.0, False, True, "x", extra={"tampering": {"count": 1}}, invalid_cause="agent")
-    record = _result_dict(flagged)
+    record = verifier_record(flagged)
     assert record["invalid_cause"] == "agent" and record["agent_invalid"] is True and record["tampering"] == {"count": 1}
-    assert _result_dict(GRADER)["agent_invalid"] is False and _result_dict(PASS)["invalid_cause"] is None
+    assert verifier_record(GRADER)["agent_invalid"] is False and verifier_record(PASS)["invalid_cause"] is None
 
 
 # ---------------------------------------------------------------- files and answers: what is at a graded path

@@ -12,17 +12,18 @@ from typing import Any
 import pytest
 
 from rollout.episode import EpisodeRequest
-from rollout.policy.types import FinishReason, Generation, Prompt, SamplingParams
+from rollout.policy.types import FinishReason, Generation, Policy, Prompt, SamplingParams
 from rollout.runner import InProcessRunner
 from rollout.store import TrajectoryStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
 
-class SlowTalker:
+class SlowTalker(Policy):
     """Says nothing useful, slowly (0.3 s a turn), at whatever weights version it holds."""
 
     name = "slow"
+    version = 0  # a plain attribute here (set_weights sets it), not Policy's read-only property
 
     def __init__(self) -> None:
         self.version = 0

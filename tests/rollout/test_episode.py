@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from agentenv.intents import Intent, IntentResult
-from rollout.episode import EpisodeContext, EpisodeRequest, EpisodeRunner
+from rollout.attempt import EpisodeContext, EpisodeRequest
+from rollout.episode import EpisodeRunner
 from rollout.harnesses import get_harness, list_harnesses
 from rollout.harnesses.base import BaseHarness
 from rollout.policy.scripted import ScriptedPolicy, answer_from_observation, oracle_command
@@ -61,7 +62,7 @@ def _text_gen(text: str, version: int = 0, **kw: Any) -> Generation:
     return Generation(text=text, token_ids=(), logprobs=(), finish_reason=FinishReason.STOP, policy_version=version, **kw)
 
 
-class Idle:
+class Idle(Policy):
     """Talks, never acts: a do-nothing agent under a harness whose text turns do not submit."""
 
     name, version = "idle", 3
@@ -70,7 +71,7 @@ class Idle:
         return _text_gen("Let me think about it.", 3)
 
 
-class Broken:
+class Broken(Policy):
     name, version = "broken", 0
 
     async def generate(self, prompt: Prompt, sampling: SamplingParams, budget: Any = None) -> Generation:

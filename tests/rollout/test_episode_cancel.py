@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from agentenv.intents import Intent
-from rollout.episode import EpisodeContext, EpisodeRequest, EpisodeRunner
+from rollout.attempt import EpisodeContext, EpisodeRequest
+from rollout.episode import EpisodeRunner
 from rollout.policy.types import FinishReason, Generation, Policy, Prompt, SamplingParams
 
 pytestmark = [pytest.mark.docker]

@@ -7,7 +7,7 @@ import signal
 
 import docker
 import pytest
-from test_reaper import _exists, _spawn_owner
+from test_reaper import container_exists, spawn_owner
 
 from sandboxes.docker_backend import DockerBackend
 from sandboxes.pool import SandboxPool
@@ -46,13 +46,13 @@ def test_pool_hands_out_pristine_sandboxes_and_forks(docker_client: docker.Docke
 
 def test_pool_sweeps_its_runs_leftovers_at_start(docker_client: docker.DockerClient, base_image: str) -> None:
     run = f"pool-sweep-{os.getpid()}"
-    crashed, ids = _spawn_owner(base_image, run)
+    crashed, ids = spawn_owner(base_image, run)
     crashed.send_signal(signal.SIGKILL)
     crashed.wait(timeout=10)
-    assert all(_exists(docker_client, c) for c in ids)
+    assert all(container_exists(docker_client, c) for c in ids)
     backend = DockerBackend(docker_client, run_id=run)
     try:
         with SandboxPool(backend, SandboxSpec(image=base_image), size=0, max_size=1):
-            assert not any(_exists(docker_client, c) for c in ids), "leftovers of a dead owner of this run are swept"
+            assert not any(container_exists(docker_client, c) for c in ids), "leftovers of a dead owner of this run are swept"
     finally:
         backend.close()

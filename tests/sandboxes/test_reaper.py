@@ -31,7 +31,7 @@ CHILD = textwrap.dedent(
 )
 
 
-def _spawn_owner(image: str, run_id: str) -> tuple[subprocess.Popen[str], list[str]]:
+def spawn_owner(image: str, run_id: str) -> tuple[subprocess.Popen[str], list[str]]:
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, image, run_id], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -42,7 +42,7 @@ def _spawn_owner(image: str, run_id: str) -> tuple[subprocess.Popen[str], list[s
     return proc, line.split()
 
 
-def _exists(client: docker.DockerClient, cid: str) -> bool:
+def container_exists(client: docker.DockerClient, cid: str) -> bool:
     try:
         client.containers.get(cid)
         return True
@@ -52,8 +52,8 @@ def _exists(client: docker.DockerClient, cid: str) -> bool:
 
 def test_sigkilled_owner_is_reaped_and_live_owner_is_not(docker_client: docker.DockerClient, base_image: str) -> None:
     dead_run, live_run = f"reap-dead-{os.getpid()}", f"reap-live-{os.getpid()}"
-    dead, dead_ids = _spawn_owner(base_image, dead_run)
-    live, live_ids = _spawn_owner(base_image, live_run)
+    dead, dead_ids = spawn_owner(base_image, dead_run)
+    live, live_ids = spawn_owner(base_image, live_run)
     try:
         dead.send_signal(signal.SIGKILL)
         dead.wait(timeout=10)
@@ -63,14 +63,14 @@ def test_sigkilled_owner_is_reaped_and_live_owner_is_not(docker_client: docker.D
 
         removed = gc(docker_client)
         assert {r.id for r in removed} >= {c[:12] for c in dead_ids}
-        assert not any(_exists(docker_client, c) for c in dead_ids), "one gc leaves nothing of a dead owner"
-        assert all(_exists(docker_client, c) for c in live_ids), "gc never touches a live owner"
+        assert not any(container_exists(docker_client, c) for c in dead_ids), "one gc leaves nothing of a dead owner"
+        assert all(container_exists(docker_client, c) for c in live_ids), "gc never touches a live owner"
         assert not gc(docker_client, run_id=live_run), "a live run has no orphans"
     finally:
         live.kill()
         live.wait(timeout=10)
         gc(docker_client)
-    assert not any(_exists(docker_client, c) for c in live_ids)
+    assert not any(container_exists(docker_client, c) for c in live_ids)
 
 
 def test_unreadable_owner_labels_count_as_orphaned(docker_client: docker.DockerClient, base_image: str) -> None:
@@ -82,13 +82,13 @@ def test_unreadable_owner_labels_count_as_orphaned(docker_client: docker.DockerC
         assert rec.orphaned
         assert c.id[:12] in {r.id for r in gc(docker_client, run_id="broken")}
     finally:
-        if _exists(docker_client, c.id):
+        if container_exists(docker_client, c.id):
             c.remove(force=True)
 
 
 def test_cli_ls_and_gc(docker_client: docker.DockerClient, base_image: str) -> None:
     run = f"reap-cli-{os.getpid()}"
-    dead, ids = _spawn_owner(base_image, run)
+    dead, ids = spawn_owner(base_image, run)
     dead.send_signal(signal.SIGKILL)
     dead.wait(timeout=10)
     cli = [sys.executable, "-m", "agentenv.cli", "sandbox"]
@@ -98,4 +98,4 @@ def test_cli_ls_and_gc(docker_client: docker.DockerClient, base_image: str) -> N
     out = subprocess.run([*cli, "gc", "--run", run], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "removed 2" in out.stdout
-    assert not any(_exists(docker_client, c) for c in ids)
+    assert not any(container_exists(docker_client, c) for c in ids)

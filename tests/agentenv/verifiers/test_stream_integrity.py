@@ -20,7 +20,7 @@ import pytest
 
 from agentenv.verifiers.common import AgentCaused
 from agentenv.verifiers.pytest_outcomes import outcomes, parse_stream
-from agentenv.verifiers.unit_tests import _BOOT, PLUGIN, TOOLS
+from agentenv.verifiers.unit_tests import PYTEST_BOOT, PLUGIN, TOOLS
 
 pytestmark = pytest.mark.unit
 
@@ -45,7 +45,7 @@ def graded(tmp_path: Path, calc: str, conftest: str | None = None) -> tuple[str,
     env = {"PATH": os.environ.get("PATH", ""), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "AGENTENV_STREAM_FD": str(write),
            "AGENTENV_TESTS_DIR": str(root / "tests")}
     proc = subprocess.Popen(
-        [sys.executable, "-I", "-B", "-c", _BOOT, str(tools), "-c", str(root / "pytest.ini"), f"--rootdir={root}",
+        [sys.executable, "-I", "-B", "-c", PYTEST_BOOT, str(tools), "-c", str(root / "pytest.ini"), f"--rootdir={root}",
          f"--confcutdir={root}", "-p", PLUGIN, "-p", "no:cacheprovider", "-o", "junit_logging=no",
          f"--junitxml={junit}", "-q", str(root / "tests")],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(write,), env=env, cwd=ws,

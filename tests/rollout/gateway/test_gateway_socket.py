@@ -18,7 +18,7 @@ import pytest
 from rollout.gateway import Session, ThreadedGateway
 from rollout.policy.types import FinishReason, Generation
 from rollout.tokenizer import build_tokenizer
-from sandboxes.cli_images import FORWARD_PORT, GATEWAY_SOCKET, INSTALL_DIR, ensure_cli_image
+from sandboxes.native_images import FORWARD_PORT, GATEWAY_SOCKET, INSTALL_DIR, ensure_native_image
 from sandboxes.docker_backend import DockerBackend
 from sandboxes.types import GATEWAY_MOUNT, SandboxSpec
 
@@ -51,7 +51,7 @@ print(out.decode(errors="replace").split("\r\n")[0]); print(out.decode(errors="r
 
 @pytest.fixture(scope="module")
 def sandbox_with_gateway(docker_client, base_image):
-    image = ensure_cli_image(docker_client, "codex", base_image)
+    image = ensure_native_image(docker_client, "codex", base_image)
     folder = tempfile.mkdtemp(prefix="agentenv-gw-test-")
     os.chmod(folder, 0o755)
     session = Session("adv", Echo(), build_tokenizer())
@@ -109,7 +109,7 @@ def test_the_socket_speaks_only_this_sessions_model_api(sandbox_with_gateway) ->
 
 
 def test_the_socket_is_gone_when_the_episode_ends(docker_client, base_image) -> None:
-    image = ensure_cli_image(docker_client, "codex", base_image)
+    image = ensure_native_image(docker_client, "codex", base_image)
     folder = tempfile.mkdtemp(prefix="agentenv-gw-test-")
     os.chmod(folder, 0o755)
     gateway = ThreadedGateway(Session("gone", Echo(), build_tokenizer()), uds=os.path.join(folder, GATEWAY_SOCKET))

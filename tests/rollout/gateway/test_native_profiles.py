@@ -1,4 +1,4 @@
-"""How each real CLI is started and read back (no Docker): command lines, effort mapping, final messages."""
+"""How each native program (real CLI) is started and read back (no Docker): command lines, effort mapping, final messages."""
 
 from __future__ import annotations
 
@@ -7,21 +7,35 @@ import shlex
 
 import pytest
 
-from rollout.harnesses.cli import CLI_HARNESSES, CliUnavailable, cli_profile
+from rollout.attempt import EpisodeRequest
+from rollout.harnesses import canonical_harness, is_native_harness
+from rollout.harnesses.native import NATIVE_HARNESSES, NativeUnavailable, native_profile
 from rollout.harnesses.rotation import RotationPolicy
 
 pytestmark = pytest.mark.unit
 
 
-def test_the_rotation_accepts_the_cli_harnesses() -> None:
-    policy = RotationPolicy(kind="round_robin", harnesses=("claude_code", "cli:claude_code", "cli:codex", "cli:kimi_cli"))
-    assert set(policy.schedule(8)) == {"claude_code", "cli:claude_code", "cli:codex", "cli:kimi_cli"}
+def test_the_rotation_accepts_the_native_harnesses() -> None:
+    policy = RotationPolicy(kind="round_robin", harnesses=("claude_code", "native:claude_code", "native:codex", "native:kimi_cli"))
+    assert set(policy.schedule(8)) == {"claude_code", "native:claude_code", "native:codex", "native:kimi_cli"}
     with pytest.raises(ValueError):
+        RotationPolicy(harnesses=("native:nope",))
+
+
+def test_the_older_cli_prefix_is_an_alias_normalised_on_load() -> None:
+    policy = RotationPolicy.model_validate({"kind": "round_robin", "harnesses": ["codex", "cli:codex", "cli:kimi_cli"]})
+    assert policy.harnesses == ("codex", "native:codex", "native:kimi_cli")
+    assert set(policy.schedule(6)) == {"codex", "native:codex", "native:kimi_cli"}
+    with pytest.raises(ValueError, match="native:nope"):
         RotationPolicy(harnesses=("cli:nope",))
+    assert native_profile("cli:codex") is native_profile("native:codex")
+    assert canonical_harness("cli:claude_code") == "native:claude_code" and canonical_harness("codex") == "codex"
+    assert is_native_harness("cli:codex") and is_native_harness("native:codex") and not is_native_harness("codex")
+    assert EpisodeRequest("e", "r", "t", 0, "cli:codex").harness == "native:codex"  # recorded under its one name
 
 
-def test_effort_maps_to_each_clis_own_setting() -> None:
-    claude, codex = cli_profile("cli:claude_code"), cli_profile("cli:codex")
+def test_effort_maps_to_each_programs_own_setting() -> None:
+    claude, codex = native_profile("native:claude_code"), native_profile("native:codex")
     argv = shlex.split(claude.command("do it; rm -rf / 'x'", "max", 7))
     assert argv[argv.index("--effort") + 1] == "max" and argv[argv.index("--max-turns") + 1] == "7"
     assert argv[argv.index("-p") + 1] == "do it; rm -rf / 'x'"  # the instruction is one argument, never shell
@@ -32,7 +46,7 @@ def test_effort_maps_to_each_clis_own_setting() -> None:
 
 
 def test_final_messages_are_read_from_the_json_output() -> None:
-    claude, codex = cli_profile("cli:claude_code"), cli_profile("cli:codex")
+    claude, codex = native_profile("native:claude_code"), native_profile("native:codex")
     out = "\n".join([json.dumps({"type": "assistant"}), "not json", json.dumps({"type": "result", "result": "42"})])
     assert claude.final_message(out) == "42"
     items = [{"type": "item.completed", "item": {"type": "agent_message", "text": "first"}},
@@ -43,7 +57,7 @@ def test_final_messages_are_read_from_the_json_output() -> None:
 
 
 def test_kimi_runs_print_mode_against_the_gateway_with_thinking_as_its_effort() -> None:
-    kimi = cli_profile("cli:kimi_cli")
+    kimi = native_profile("native:kimi_cli")
     argv = shlex.split(kimi.command("fix it; echo 'x'", "high", 9))
     assert argv[argv.index("-p") + 1] == "fix it; echo 'x'" and "--print" in argv and "--yolo" in argv
     assert argv[argv.index("--output-format") + 1] == "stream-json" and argv[argv.index("--max-steps-per-turn") + 1] == "9"
@@ -60,7 +74,7 @@ def test_kimi_runs_print_mode_against_the_gateway_with_thinking_as_its_effort() 
     assert kimi.final_message(json.dumps({"role": "assistant", "content": "plain"})) == "plain"
 
 
-def test_every_cli_harness_is_known_and_an_unknown_one_says_which_are() -> None:
-    assert sorted(CLI_HARNESSES) == ["cli:claude_code", "cli:codex", "cli:kimi_cli"]
-    with pytest.raises(CliUnavailable, match="cli:kimi_cli"):
-        cli_profile("cli:kimi")
+def test_every_native_harness_is_known_and_an_unknown_one_says_which_are() -> None:
+    assert sorted(NATIVE_HARNESSES) == ["native:claude_code", "native:codex", "native:kimi_cli"]
+    with pytest.raises(NativeUnavailable, match="native:kimi_cli"):
+        native_profile("native:kimi")

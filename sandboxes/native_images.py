@@ -1,24 +1,24 @@
-"""Sandbox images with a real harness CLI in them, built offline from PyPI wheels.
+"""Sandbox images with a native agent program (a real harness CLI) in them, built offline from PyPI wheels.
 
 There is no registry and no npm here, but two CLIs ship as binaries inside wheels:
 
 * ``claude``: Claude Code, bundled in ``claude-agent-sdk`` (glibc, no Node);
 * ``codex``: the static (musl) Codex CLI in ``openai-codex-cli-bin``.
 
-``ensure_cli_image(client, cli, base)`` puts the binary in a layer on top of
+``ensure_native_image(client, program, base)`` puts the binary in a layer on top of
 ``base`` (a task's image: the suite base, or the PostgreSQL image), together
 with ``agentenv-gw-forward``, the in-sandbox forwarder from 127.0.0.1 to the
 gateway's Unix socket (``GATEWAY_MOUNT``; see docs/sandboxes.md). The tag
-``agentenv-cli-<cli>:<hash>`` hashes the pinned version, the wheel's sha256
+``agentenv-cli-<program>:<hash>`` hashes the pinned version, the wheel's sha256
 (pinned here too: a different file under the same version is refused), the
 forwarder and the base image id, so a warm machine never downloads or builds,
 and a changed input always rebuilds. Wheels are cached under
 ``$AGENTENV_CACHE_DIR/wheels`` (pip's own client downloads them).
 
 A third is a Python package: ``kimi`` (kimi-cli 1.51.0) needs Python >= 3.12,
-newer than the task images' own. Its recipe is a ``PythonCliRecipe``: a
+newer than the task images' own. Its recipe is a ``PythonRecipe``: a
 relocatable trixie Python with the CLI in a venv, built once into a runtime
-image (``sandboxes.cli_runtime``) and copied onto each task image from there.
+image (``sandboxes.native_runtime``) and copied onto each task image from there.
 """
 
 from __future__ import annotations
@@ -38,20 +38,23 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from sandboxes.cli_runtime import OPT, PythonCliRecipe, build_python_cli_runtime
+from sandboxes.native_runtime import OPT, PythonRecipe, build_python_runtime
 from sandboxes.errors import SandboxError
 from sandboxes.images import ImageBuildError, image_exists
+from sandboxes import types
 from sandboxes.types import GATEWAY_MOUNT
 
-CLI_REPOSITORY_PREFIX = "agentenv-cli-"
-GATEWAY_SOCKET = "gw.sock"
-FORWARD_PORT = 8787  # where the CLI finds the gateway inside the sandbox (loopback only)
+# The image names and labels keep their "cli" spelling from before the rename to "native": a tag is a content
+# hash under this prefix, so images already built stay valid (and are found) after the rename.
+NATIVE_REPOSITORY_PREFIX = "agentenv-cli-"
+GATEWAY_SOCKET = types.GATEWAY_SOCKET
+FORWARD_PORT = types.GATEWAY_FORWARD_PORT  # where the program finds the gateway inside the sandbox (loopback only)
 INSTALL_DIR = OPT
 
 
 @dataclass(frozen=True)
-class CliRecipe:
-    """One pinned CLI: which wheel, its sha256, and which of its files go into the image."""
+class WheelRecipe:
+    """One pinned native program shipped as a binary in a wheel: which wheel, its sha256, and which of its files go into the image."""
 
     name: str
     package: str
@@ -65,17 +68,17 @@ class CliRecipe:
         return f"{self.package}=={self.version}"
 
 
-RECIPES: dict[str, CliRecipe | PythonCliRecipe] = {
-    "claude": CliRecipe(
+RECIPES: dict[str, WheelRecipe | PythonRecipe] = {
+    "claude": WheelRecipe(
         "claude", "claude-agent-sdk", "0.2.189", "claude_agent_sdk-0.2.189-py3-none-manylinux_2_17_x86_64.whl",
         "b26a6a30a4e2cb025a6f5c95e1ce4469b38fcc51015c392f627bea7c948d67ad", (("claude_agent_sdk/_bundled/claude", "bin/claude"),), "bin/claude",
     ),
-    "codex": CliRecipe(
+    "codex": WheelRecipe(
         "codex", "openai-codex-cli-bin", "0.163.0", "openai_codex_cli_bin-0.163.0-py3-none-manylinux_2_17_x86_64.whl",
         "76db41fb07fdf9ddacbe892b48d21dfde270031ec0f5666b5e558114355f006d", (("codex_cli_bin/bin/codex", "bin/codex"), ("codex_cli_bin/codex-path/rg", "bin/rg")), "bin/codex",
     ),
     # kimi's Grep tool looks for rg in kimi_cli/deps/bin before downloading one: trixie's, patched like the Python
-    "kimi": PythonCliRecipe(
+    "kimi": PythonRecipe(
         "kimi", "kimi-cli", "1.51.0", "kimi-cli-1.51.0.txt", "kimi",
         debian=("python3.13", "python3.13-venv", "patchelf", "ripgrep"),
         extra_binaries=(("/usr/bin/rg", "lib/python3.13/site-packages/kimi_cli/deps/bin/rg"),),
@@ -139,7 +142,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def fetch_wheel(recipe: CliRecipe, log: Callable[[str], None] = lambda _m: None) -> Path:
+def fetch_wheel(recipe: WheelRecipe, log: Callable[[str], None] = lambda _m: None) -> Path:
     """The recipe's wheel from the cache, else downloaded by pip (no dependencies); sha256-checked."""
     folder = wheel_cache()
     path = folder / recipe.wheel
@@ -157,35 +160,35 @@ def fetch_wheel(recipe: CliRecipe, log: Callable[[str], None] = lambda _m: None)
     return path
 
 
-def cli_image_tag(client: docker.DockerClient, cli: str, base: str) -> str:
-    recipe = _recipe(cli)
+def native_image_tag(client: docker.DockerClient, program: str, base: str) -> str:
+    recipe = _recipe(program)
     base_id = client.images.get(base).id
-    if isinstance(recipe, PythonCliRecipe):
+    if isinstance(recipe, PythonRecipe):
         pieces: tuple[str, ...] = (recipe.requirement(), recipe.tag())
     else:
         pieces = (recipe.requirement(), recipe.sha256, repr(recipe.members))
     h = hashlib.sha256()
     for piece in (*pieces, FORWARDER, base_id, INSTALL_DIR):
         h.update(piece.encode() + b"\0")
-    return f"{CLI_REPOSITORY_PREFIX}{cli}:{h.hexdigest()[:16]}"
+    return f"{NATIVE_REPOSITORY_PREFIX}{program}:{h.hexdigest()[:16]}"
 
 
-def _recipe(cli: str) -> CliRecipe | PythonCliRecipe:
+def _recipe(program: str) -> WheelRecipe | PythonRecipe:
     try:
-        return RECIPES[cli]
+        return RECIPES[program]
     except KeyError:
-        raise SandboxError(f"cli: expected one of {sorted(RECIPES)}, got {cli!r}") from None
+        raise SandboxError(f"program: expected one of {sorted(RECIPES)}, got {program!r}") from None
 
 
-def ensure_cli_image(
-    client: docker.DockerClient, cli: str, base: str, *, force: bool = False, log: Callable[[str], None] = lambda _m: None
+def ensure_native_image(
+    client: docker.DockerClient, program: str, base: str, *, force: bool = False, log: Callable[[str], None] = lambda _m: None
 ) -> str:
-    """``base`` plus the pinned CLI and the forwarder; built only when its content hash is missing.
+    """``base`` plus the pinned native program and the forwarder; built only when its content hash is missing.
 
     Concurrent callers in one process (a runner's first episodes) wait for one build.
     """
-    recipe = _recipe(cli)
-    tag = cli_image_tag(client, cli, base)
+    recipe = _recipe(program)
+    tag = native_image_tag(client, program, base)
     if not force and image_exists(client, tag):
         log(f"{tag} is present (content hash unchanged)")
         return tag
@@ -199,12 +202,12 @@ def ensure_cli_image(
 _BUILD_LOCKS: dict[str, threading.Lock] = {}
 
 
-def _build(client: docker.DockerClient, recipe: CliRecipe | PythonCliRecipe, tag: str, base: str, log: Callable[[str], None]) -> None:
+def _build(client: docker.DockerClient, recipe: WheelRecipe | PythonRecipe, tag: str, base: str, log: Callable[[str], None]) -> None:
     context = io.BytesIO()
     with tarfile.open(fileobj=context, mode="w") as tar:
         lines = [f"FROM {base}"]
-        if isinstance(recipe, PythonCliRecipe):
-            runtime = build_python_cli_runtime(client, recipe, log=log)
+        if isinstance(recipe, PythonRecipe):
+            runtime = build_python_runtime(client, recipe, log=log)
             lines.append(f"COPY --from={runtime} {INSTALL_DIR}/ {INSTALL_DIR}/")
             label = f'LABEL agentenv.cli="{recipe.requirement()}" agentenv.runtime="{runtime}"'
         else:
@@ -229,7 +232,7 @@ def _build(client: docker.DockerClient, recipe: CliRecipe | PythonCliRecipe, tag
         raise ImageBuildError(f"{tag}: build failed: {exc}") from exc
 
 
-def _add_wheel_members(tar: tarfile.TarFile, recipe: CliRecipe, wheel: Path) -> None:
+def _add_wheel_members(tar: tarfile.TarFile, recipe: WheelRecipe, wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         for member, target in recipe.members:
             info = tarfile.TarInfo(f"files/{target}")
@@ -238,5 +241,5 @@ def _add_wheel_members(tar: tarfile.TarFile, recipe: CliRecipe, wheel: Path) -> 
             tar.addfile(info, io.BytesIO(data))
 
 
-__all__ = ["CLI_REPOSITORY_PREFIX", "FORWARD_PORT", "GATEWAY_SOCKET", "INSTALL_DIR", "RECIPES", "CliRecipe",
-           "cli_image_tag", "ensure_cli_image", "fetch_wheel"]
+__all__ = ["NATIVE_REPOSITORY_PREFIX", "FORWARD_PORT", "GATEWAY_SOCKET", "INSTALL_DIR", "RECIPES", "WheelRecipe",
+           "native_image_tag", "ensure_native_image", "fetch_wheel"]

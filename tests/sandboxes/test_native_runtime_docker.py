@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandboxes.cli_images import INSTALL_DIR, ensure_cli_image
+from sandboxes.native_images import INSTALL_DIR, ensure_native_image
 from sandboxes.docker_backend import DockerBackend
 from sandboxes.types import SandboxSpec
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def kimi_sandbox(docker_client, base_image):
-    sandbox = DockerBackend(docker_client).create(SandboxSpec(image=ensure_cli_image(docker_client, "kimi", base_image)))
+    sandbox = DockerBackend(docker_client).create(SandboxSpec(image=ensure_native_image(docker_client, "kimi", base_image)))
     try:
         yield sandbox
     finally:

@@ -1,4 +1,4 @@
-"""A relocatable CPython from Debian trixie with a pinned Python CLI in a venv, for any task image.
+"""A relocatable CPython from Debian trixie with a pinned Python native program (CLI) in a venv, for any task image.
 
 kimi-cli 1.51.0 needs Python >= 3.12; the suite's images are Debian bookworm
 (3.11), and the PostgreSQL image too. There is no registry to pull a newer
@@ -15,7 +15,7 @@ under ``/opt/agentenv-cli/<name>/`` in the sandbox:
   libraries is mixed in, and nothing is set in the environment: the shell
   commands the CLI runs see the task image as it is, with its own Python;
 * ``venv/``: a venv of that Python with the CLI installed by pip from a lock
-  file that pins every distribution and its sha256 (``cli_locks/``);
+  file that pins every distribution and its sha256 (``native_locks/``);
 * ``/opt/agentenv-cli/bin/<name>``: the CLI's console script.
 
 How it is made: ``debootstrap`` trixie from the host's mirror into a
@@ -24,7 +24,7 @@ so the venv and the patched paths are created at the very paths they have in
 the sandbox; pip runs in that chroot (it reaches PyPI, as the host does);
 the needed parts are copied out and ``docker import``-ed as the image
 ``agentenv-cli-runtime-<name>:<hash>``, which holds only ``/opt/agentenv-cli``.
-``sandboxes.cli_images`` copies it onto each task image (``COPY --from``).
+``sandboxes.native_images`` copies it onto each task image (``COPY --from``).
 The hash covers the recipe, the lock file and the build steps, so a machine
 builds it once; the Debian archive's state is not hashed (a trixie point
 release changes python3.13's patch level, recorded in the image's labels).
@@ -46,22 +46,26 @@ import docker
 import docker.errors
 
 from sandboxes.images import DEFAULT_SUITE, ImageBuildError, host_apt_mirror, image_exists
+from sandboxes.types import NATIVE_INSTALL_DIR
 
+# Image names, labels and in-sandbox paths keep their "cli" spelling from before the rename to "native", so the
+# runtime images already built (tagged by content hash) stay valid. The lock files' text is part of that hash:
+# their header comments are left as they were.
 RUNTIME_REPOSITORY_PREFIX = "agentenv-cli-runtime-"
-OPT = "/opt/agentenv-cli"
-LOCK_DIR = Path(__file__).parent / "cli_locks"
+OPT = NATIVE_INSTALL_DIR
+LOCK_DIR = Path(__file__).parent / "native_locks"
 MULTIARCH = "usr/lib/x86_64-linux-gnu"
 BUILD_STEPS_VERSION = "1"  # bump when the steps below change in a way the recipe does not show
 
 
 @dataclass(frozen=True)
-class PythonCliRecipe:
-    """A CLI that is a Python package, installed into its own relocatable Python."""
+class PythonRecipe:
+    """A native program (a CLI) that is a Python package, installed into its own relocatable Python."""
 
     name: str  # "kimi": the folder under OPT and the command OPT/bin/<name>
     package: str
     version: str
-    lock: str  # file under cli_locks/: "name==version --hash=sha256:..." per line, every dependency pinned
+    lock: str  # file under native_locks/: "name==version --hash=sha256:..." per line, every dependency pinned
     console: str  # the console script the package installs
     suite: str = "trixie"
     python: str = "python3.13"
@@ -133,8 +137,8 @@ def _host_ca_bundle() -> Path | None:
     return None
 
 
-def build_python_cli_runtime(
-    client: docker.DockerClient, recipe: PythonCliRecipe, *, force: bool = False, log: Callable[[str], None] = lambda _m: None
+def build_python_runtime(
+    client: docker.DockerClient, recipe: PythonRecipe, *, force: bool = False, log: Callable[[str], None] = lambda _m: None
 ) -> str:
     """The runtime image of ``recipe`` (only ``/opt/agentenv-cli``); built when its hash is missing."""
     tag = recipe.tag()
@@ -215,4 +219,4 @@ def _drop_foreign_links(tree: Path, home: str) -> None:
                 path.unlink()
 
 
-__all__ = ["LOCK_DIR", "OPT", "RUNTIME_REPOSITORY_PREFIX", "PythonCliRecipe", "build_python_cli_runtime"]
+__all__ = ["LOCK_DIR", "OPT", "RUNTIME_REPOSITORY_PREFIX", "PythonRecipe", "build_python_runtime"]

@@ -1,4 +1,4 @@
-"""Every built-in task through each real CLI (Claude Code, Codex, Kimi CLI), end to end, on the local Docker daemon.
+"""Every built-in task through each native program (the real Claude Code, Codex, Kimi CLI), end to end, on the local Docker daemon.
 
 The scripted policy replays each task's oracle as the CLI's own shell tool call
 through the recording gateway: reward 1, and the gateway's record is one
@@ -16,10 +16,12 @@ import asyncio
 import pytest
 
 from agentenv.registry import list_tasks
-from rollout.cli_episode import CliOraclePolicy, DoNothingPolicy
-from rollout.episode import EpisodeRequest, EpisodeRunner
+from rollout.attempt import EpisodeRequest
+from rollout.episode import EpisodeRunner
 from rollout.gateway.drift import diff_tools, emulated_drift, load_snapshot, surface
-from rollout.harnesses.cli import CLI_HARNESSES
+from rollout.gateway.session import Session
+from rollout.harnesses.native import NATIVE_HARNESSES
+from rollout.policy.scripted import NativeDoNothingPolicy, NativeOraclePolicy
 from rollout.types import Status
 from sandboxes.docker_backend import DockerBackend
 
@@ -34,7 +36,7 @@ def _run_all(docker_client, policy, harness: str, task_ids: list[str], seed: int
 
     async def one(task_id: str):
         async with gate:
-            return await runner.run(EpisodeRequest(f"{harness}-{task_id}-{seed}", "test-cli", task_id, seed, harness, effort="high"))
+            return await runner.run(EpisodeRequest(f"{harness}-{task_id}-{seed}", "test-native", task_id, seed, harness, effort="high"))
 
     async def main():
         return await asyncio.gather(*(one(t) for t in task_ids))
@@ -50,9 +52,9 @@ def task_ids() -> list[str]:
     return [t.id for t in list_tasks()]
 
 
-@pytest.mark.parametrize("harness", sorted(CLI_HARNESSES))
-def test_every_builtin_task_through_the_real_cli(docker_client, base_image, harness: str, task_ids: list[str]) -> None:
-    trajectories = _run_all(docker_client, CliOraclePolicy(), harness, task_ids)
+@pytest.mark.parametrize("harness", sorted(NATIVE_HARNESSES))
+def test_every_builtin_task_through_the_native_program(docker_client, base_image, harness: str, task_ids: list[str]) -> None:
+    trajectories = _run_all(docker_client, NativeOraclePolicy(), harness, task_ids)
     failures = [(t.task_id, t.status.value, t.reward, t.error[:300], t.verifier.get("reason")) for t in trajectories
                 if t.status is not Status.OK or t.reward != 1.0]
     assert not failures, failures
@@ -62,10 +64,8 @@ def test_every_builtin_task_through_the_real_cli(docker_client, base_image, harn
         assert len(t.turns) >= 2  # the oracle's shell call, then the answer
 
 
-@pytest.mark.parametrize("harness", sorted(CLI_HARNESSES))
+@pytest.mark.parametrize("harness", sorted(NATIVE_HARNESSES))
 def test_do_nothing_earns_zero_and_the_tool_list_has_not_drifted(docker_client, base_image, harness: str, monkeypatch) -> None:
-    from rollout.gateway.session import Session
-
     sent: dict[str, list] = {}
     call = Session.call
 
@@ -74,11 +74,11 @@ def test_do_nothing_earns_zero_and_the_tool_list_has_not_drifted(docker_client, 
         return await call(self, conv)
 
     monkeypatch.setattr(Session, "call", recording)
-    trajectories = _run_all(docker_client, DoNothingPolicy(), harness, ["general/write_word", "coding/fix_bug"])
+    trajectories = _run_all(docker_client, NativeDoNothingPolicy(), harness, ["general/write_word", "coding/fix_bug"])
     for t in trajectories:
         assert t.reward == 0.0 and t.status in (Status.OK, Status.TRUNCATED), (t.task_id, t.status, t.error)
-    cli = CLI_HARNESSES[harness].cli
-    snap = load_snapshot(cli)
+    program = NATIVE_HARNESSES[harness].program
+    snap = load_snapshot(program)
     live = surface(max(sent[trajectories[0].episode_id], key=len))
-    assert diff_tools(live, snap["tools"]) == [], f"{cli} {snap['version']}: the live tool list differs from its snapshot"
-    assert emulated_drift(cli) == snap["emulated_known_drift"], "the emulated surface drifted from the pinned CLI in a new way"
+    assert diff_tools(live, snap["tools"]) == [], f"{program} {snap['version']}: the live tool list differs from its snapshot"
+    assert emulated_drift(program) == snap["emulated_known_drift"], "the emulated surface drifted from the pinned CLI in a new way"

@@ -1,0 +1,293 @@
+"""The emulated attempt: our loop drives an emulated harness on a warm sandbox, into a ``Trajectory``.
+
+One attempt of an episode over the contract of ``rollout.attempt`` (the other is
+``rollout.native_attempt``)::
+
+    sandbox at the variant's pristine state  (rollout.pristine: warm pool + cached setup snapshot)
+    prompt = harness.render(instruction, effort)
+    repeat under the task's limits (turns, wall time, per-command timeout, token budget):
+        generation = await policy.generate(prompt)          # token ids when the policy is local
+        turn = harness.parse(generation)                    # malformed calls become tool errors
+        for each of harness.turn_intents(turn): IntentExecutor on the sandbox   # in a worker thread
+        prompt += completion + harness-formatted results    # token-exact (EpisodeRenderer)
+    grade_episode(...)                                      # in place once quiesced, or a clean fork
+    Trajectory
+
+Every way the attempt can end is a ``Status`` with a reason in ``error``, except a
+lost sandbox (the container died or hung), which raises ``EpisodeLost`` for the
+runner to retry. ``policy_error`` is not graded; ``truncated`` (turns or tokens
+spent) and ``timeout`` (wall time) are.
+
+The policy binds to the attempt (``Policy.for_episode``) once its sandbox is
+ready, and the attempt samples from what that returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from agentenv.env import NO_CALL_REMINDER
+from agentenv.errors import SetupError
+from agentenv.grading import grade_episode
+from agentenv.intent_exec import EpisodeState, IntentExecutor
+from agentenv.intents import Harness, ParsedTurn, ParseError
+from agentenv.types import Episode, Task, Variant, VerifierResult
+from rollout.attempt import AttemptHost, EpisodeContext, EpisodeLost, EpisodeRequest, SamplingParams, verifier_record
+from rollout.harnesses import get_harness
+from rollout.harnesses.rendering import EpisodeRenderer
+from rollout.policy.types import Generation, Policy, PolicyError, Prompt, ThinkingBudget
+from rollout.pristine import Lease
+from rollout.types import Sample, Status, Timings, Trajectory, Turn
+from sandboxes.errors import SandboxError, SandboxLost, SandboxTimeout
+from sandboxes.types import Sandbox
+
+__all__ = ["Tally", "record", "run_emulated_attempt"]
+
+
+@dataclass
+class Tally:
+    """What one attempt accumulates; becomes the Trajectory."""
+
+    turns: list[Turn] = field(default_factory=list)
+    tool_errors: int = 0
+    completion_tokens: int = 0
+    policy_s: float = 0.0
+    sandbox_s: float = 0.0
+    verifier_s: float = 0.0
+    renderer: EpisodeRenderer | None = None
+
+    def samples(self) -> tuple[Sample, ...]:
+        if self.renderer is None:
+            return ()
+        return tuple(Sample(tuple(s.ids), tuple(s.logprobs), tuple(s.mask)) for s in self.renderer.samples)
+
+
+async def run_emulated_attempt(
+    host: AttemptHost, req: EpisodeRequest, task: Task, policy: Policy, sampling: SamplingParams, started: float
+) -> Trajectory:
+    """One attempt of ``req`` through the emulated harness it names; see the module docstring."""
+    return await _Attempt(host, req, task, policy, sampling, started).run()
+
+
+class _Attempt:
+    """The state of one emulated attempt (the runner's services, what it was given, what it accumulates)."""
+
+    def __init__(
+        self, host: AttemptHost, req: EpisodeRequest, task: Task, policy: Policy, sampling: SamplingParams, started: float
+    ) -> None:
+        self.host, self.req, self.task, self.base, self.sampling_base, self.started = host, req, task, policy, sampling, started
+        self.tally = Tally()
+
+    async def run(self) -> Trajectory:
+        host, req, task, tally = self.host, self.req, self.task, self.tally
+        variant = task.variant(req.seed)
+        harness = get_harness(req.harness)
+        t0 = time.monotonic()
+        try:
+            lease = await host.blocking(host.sandboxes.acquire, task, variant)
+        except SetupError as exc:
+            return self._record(Status.INVALID, f"task setup failed: {exc}")
+        except (SandboxError, OSError) as exc:
+            raise EpisodeLost(f"no sandbox: {type(exc).__name__}: {exc}") from exc
+        tally.sandbox_s += time.monotonic() - t0
+        try:
+            return await self._play(variant, harness, lease)
+        except (SandboxLost, SandboxTimeout) as exc:
+            raise EpisodeLost(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            await host.quiesce()  # cancelled mid tool call: let the thread end before the reset inspects the sandbox
+            await host.blocking(host.sandboxes.release, lease)
+
+    async def _play(self, variant: Variant, harness: Harness, lease: Lease) -> Trajectory:
+        req, task, tally, host = self.req, self.task, self.tally, self.host
+        sandbox, limits = lease.sandbox, task.limits
+        policy = self.base.for_episode(EpisodeContext(req, task, variant, harness, sandbox))
+        sampling_base = self.sampling_base
+        prompt = harness.render(variant.instruction, req.effort if req.show_effort else None)
+        budget = ThinkingBudget(req.thinking_budget) if req.thinking_budget is not None else None
+        messages: list[Mapping[str, Any]] = [dict(m) for m in prompt.messages]
+        tools = tuple(dict(t) for t in prompt.tools)
+        if host.tokenizer is not None:
+            tally.renderer = EpisodeRenderer(host.tokenizer, messages, tools)
+        state = EpisodeState()
+        executor = IntentExecutor(sandbox, default_timeout_s=limits.command_timeout_s, state=state)
+        deadline = time.monotonic() + limits.wall_time_s
+        status: Status | None = None
+        for index in range(limits.max_turns):
+            remaining = deadline - time.monotonic()
+            budget_left = limits.max_tokens - tally.completion_tokens
+            if remaining <= 0:
+                status = Status.TIMEOUT
+                break
+            if budget_left <= 0:
+                status = Status.TRUNCATED
+                break
+            if host.gate is not None:  # held between turns while the learner trains: not charged to the episode
+                deadline += await host.gate.wait()
+            sampling = replace(sampling_base, max_new_tokens=min(sampling_base.max_new_tokens, budget_left))
+            ask = Prompt(tuple(tally.renderer.prompt_ids()) if tally.renderer else (), tuple(messages), tools)
+            t0 = time.monotonic()
+            try:
+                gen = await asyncio.wait_for(policy.generate(ask, sampling, budget), timeout=remaining)
+            except TimeoutError as exc:
+                tally.policy_s += time.monotonic() - t0
+                if time.monotonic() < deadline:  # the policy's own timeout (an HTTP call), not the episode's
+                    return self._record(Status.POLICY_ERROR, f"policy timed out: {exc}")
+                status = Status.TIMEOUT
+                break
+            except Exception as exc:  # noqa: BLE001 - PolicyError, or a policy bug: either way the model failed
+                tally.policy_s += time.monotonic() - t0
+                why = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
+                return self._record(Status.POLICY_ERROR, why)
+            policy_s = time.monotonic() - t0
+            tally.policy_s += policy_s
+            parsed = harness.parse({"role": "assistant", "content": gen.text, "tool_calls": list(gen.tool_calls)} if gen.tool_calls else gen.text)
+            assistant = _assistant_message(parsed)
+            messages.append(assistant)
+            n_tokens = self._add_completion(gen, assistant)
+            tally.completion_tokens += n_tokens
+            observations, turn_errors, n_calls, sandbox_s = await self._act(harness, parsed, executor, deadline, fixed=req.fixed_observations)
+            tally.tool_errors += turn_errors
+            tally.sandbox_s += sandbox_s
+            tally.turns.append(Turn(index, gen.policy_version, policy_s, sandbox_s, len(ask.token_ids), n_tokens, n_calls, turn_errors))
+            if state.submitted:
+                status = Status.OK
+                break
+            messages.extend(observations)
+            if tally.renderer is not None:
+                tally.renderer.add_observations(observations)
+        if status is None:
+            status = Status.TIMEOUT if time.monotonic() >= deadline else Status.TRUNCATED
+        return await self._grade(variant, sandbox, state, status)
+
+    async def _act(
+        self, harness: Harness, parsed: ParsedTurn, executor: IntentExecutor, deadline: float, *, fixed: bool = False
+    ) -> tuple[list[Mapping[str, Any]], int, int, float]:
+        """Execute a turn's intents in order; returns (observations, tool errors, calls, sandbox seconds)."""
+        observations: list[Mapping[str, Any]] = []
+        errors = calls = 0
+        spent = 0.0
+        for item in harness.turn_intents(parsed):
+            if isinstance(item, ParseError):
+                errors += 1
+                observations.append(harness.format_error(item))
+                continue
+            calls += 1
+            # A command may ask for longer than the default, never past the episode's wall time.
+            executor.max_timeout_s = max(deadline - time.monotonic(), 1.0)
+            t0 = time.monotonic()
+            result = await self.host.blocking(executor.execute, item)
+            spent += time.monotonic() - t0
+            if not result.ok and result.error and result.exit_code is None:
+                errors += 1  # the call itself failed (bad path, bad edit); a failing command is not an error
+            if fixed and "duration_s" in result.data:
+                result = replace(result, data={**result.data, "duration_s": 0.0})
+            observations.append(harness.format_result(result))
+            if executor.state.submitted:
+                break  # nothing after a submit runs
+        if not observations:
+            observations.append({"role": "user", "content": NO_CALL_REMINDER})
+        return observations, errors, calls, spent
+
+    async def _grade(self, variant: Variant, sandbox: Sandbox, state: EpisodeState, status: Status) -> Trajectory:
+        host, task = self.host, self.task
+        episode = Episode(task.id, variant, final_answer=state.answer, workdir=sandbox.spec.workdir)
+        t0 = time.monotonic()
+        result: VerifierResult = await host.blocking(
+            functools.partial(
+                grade_episode, host.backend, sandbox, task, episode,
+                restore=host.sandboxes.grading_restore, discard=host.sandboxes.grading_discard,
+                in_place=host.grade_in_place, pristine=functools.partial(host.sandboxes.pristine_copy, task, variant),
+            )
+        )
+        self.tally.verifier_s += time.monotonic() - t0
+        if result.invalid:
+            alive = getattr(sandbox, "alive", None)
+            if callable(alive) and not await host.blocking(alive):
+                raise EpisodeLost(f"sandbox died before grading ({result.reason})")
+            if result.invalid_cause != "agent":  # the grader's or the task's failure: says nothing of the policy
+                return self._record(Status.INVALID, result.reason, result)
+            # The agent's final state made grading impossible (a hang, os._exit, SkipTest, a FIFO where a
+            # file is graded): a failure with reward 0 under the episode's own status, flagged, never dropped.
+        return self._record(status, "", result)
+
+    # ------------------------------------------------------------ helpers
+
+    def _add_completion(self, gen: Generation, assistant: Mapping[str, Any]) -> int:
+        """Append the turn's tokens to the renderer; returns the completion's token count.
+
+        A policy without token ids (a server's text, the scripted policy) gets
+        its text encoded, with logprob 0.0 and mask 1: the text *is* its action,
+        which is what warm-start SFT trains on. Tokens the policy inserted
+        (``Generation.sampled_mask`` 0, a forced ``</think>``) get mask 0.
+        """
+        renderer = self.tally.renderer
+        if renderer is None:
+            return len(gen.token_ids) or max(len(gen.text) // 4, 1)  # no tokenizer: a rough budget count
+        if gen.token_ids:
+            ids, lps, mask = list(gen.token_ids), list(gen.logprobs), list(gen.loss_mask)
+        else:
+            ids = list(self.host.tokenizer.encode(gen.text, add_special_tokens=False)) + [renderer.eot_id]
+            lps, mask = [0.0] * len(ids), [1] * len(ids)
+        sample = renderer.current
+        at = len(sample.ids)
+        renderer.add_completion(ids, assistant, lps)
+        for i, m in enumerate(mask):
+            if not m:
+                sample.mask[at + i], sample.logprobs[at + i] = 0, 0.0
+        return len(ids)
+
+    def _record(self, status: Status, error: str, result: VerifierResult | None = None) -> Trajectory:
+        return record(self.req, self.task, status, error, self.tally, self.started, result, policy_version=int(self.base.version))
+
+
+def record(
+    req: EpisodeRequest, task: Task | None, status: Status, error: str, tally: Tally, started: float,
+    result: VerifierResult | None = None, *, policy_version: int,
+) -> Trajectory:
+    """The attempt's ``Trajectory``; ``policy_version`` counts when no turn was sampled (the oldest turn's otherwise)."""
+    versions = [t.policy_version for t in tally.turns]
+    verifier: dict[str, Any] = {"attempt": req.attempt, "group_id": req.group_id}
+    if result is not None:
+        verifier.update(verifier_record(result))
+    if tally.renderer is not None:
+        verifier.update(template_breaks=tally.renderer.breaks, closed_by_env=tally.renderer.closed_by_env)
+    return Trajectory(
+        episode_id=req.episode_id,
+        run_id=req.run_id,
+        task_id=req.task_id,
+        domain=task.domain.value if task is not None else "",
+        seed=req.seed,
+        harness=req.harness,
+        effort=req.effort or "",
+        policy_version=min(versions) if versions else policy_version,
+        status=status,
+        reward=float(result.reward) if result is not None and status is not Status.INVALID and not result.invalid else 0.0,
+        error=error,
+        verifier=verifier,
+        samples=tally.samples(),
+        turns=tuple(tally.turns),
+        tool_errors=tally.tool_errors,
+        timings=Timings(tally.policy_s, tally.sandbox_s, tally.verifier_s, time.monotonic() - started),
+    )
+
+
+def _assistant_message(parsed: ParsedTurn) -> dict[str, Any]:
+    """The chat form of the model's turn, for chat-format policies and the template's later deltas."""
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.text}
+    if parsed.reasoning:
+        message["reasoning_content"] = parsed.reasoning
+    if parsed.calls:
+        message["tool_calls"] = [
+            {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments), ensure_ascii=False)}}
+            for c in parsed.calls
+        ]
+    return message
+
+
