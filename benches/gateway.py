@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from agentenv.intents import Intent
-from rollout.cli_episode import CliOraclePolicy, DoNothingPolicy
 from rollout.episode import EpisodeRequest, EpisodeRunner
-from rollout.harnesses.cli import CLI_HARNESSES
-from rollout.policy.scripted import ScriptedPolicy
+from rollout.harnesses.native import NATIVE_HARNESSES
+from rollout.policy.scripted import NativeDoNothingPolicy, NativeOraclePolicy, ScriptedPolicy
 from rollout.policy.types import FinishReason, Generation, Policy, Prompt, SamplingParams, ThinkingBudget
 
 
@@ -46,7 +45,7 @@ class ExploringOracle:
         self._oracle = ScriptedPolicy()
 
     def for_episode(self, ctx: Any) -> Policy:
-        explore = min(self.explore, max(ctx.task.limits.max_turns - 2, 0))  # as CliOraclePolicy: the oracle and the answer fit
+        explore = min(self.explore, max(ctx.task.limits.max_turns - 2, 0))  # as NativeOraclePolicy: the oracle and the answer fit
         return _Exploring(explore, ctx, self._oracle.for_episode(ctx))
 
 
@@ -115,7 +114,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=3, help="episodes per harness (the issue's exactness goal: >= 100; 0: only --startup)")
     ap.add_argument("--explore", type=int, default=2, help="shell calls before the oracle, on both sides")
     ap.add_argument("--task", default="general/answer_number", help="a task id, a comma list, or 'all' (cycled)")
-    ap.add_argument("--clis", default=",".join(sorted(CLI_HARNESSES)))
+    ap.add_argument("--clis", default=",".join(sorted(NATIVE_HARNESSES)))
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--startup", type=int, default=0,
@@ -135,9 +134,9 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     starts: list[dict[str, Any]] = []
     for cli_name in args.clis.split(","):
-        emulated = CLI_HARNESSES[cli_name].emulated
+        emulated = NATIVE_HARNESSES[cli_name].emulated
         pair: tuple[tuple[str, Policy | Any], ...] = (
-            (emulated, ExploringOracle(args.explore)), (cli_name, CliOraclePolicy(explore=args.explore)))
+            (emulated, ExploringOracle(args.explore)), (cli_name, NativeOraclePolicy(explore=args.explore)))
         for harness, policy in pair if args.episodes > 0 else ():
             runner = EpisodeRunner(policy, backend=backend, tokenizer=tok, pool_size=1)
             gate = asyncio.Semaphore(args.concurrency)
@@ -162,7 +161,7 @@ def main() -> None:
             r = rows[-1]
             print(f"  {harness}: {r['n']} episodes in {wall:.0f}s, mean {r['mean_s']:.2f}s, append-only {r['exact']:.0%}", flush=True)
         if args.startup:
-            runner = EpisodeRunner(DoNothingPolicy(), backend=backend, tokenizer=tok, pool_size=1)
+            runner = EpisodeRunner(NativeDoNothingPolicy(), backend=backend, tokenizer=tok, pool_size=1)
 
             async def idle(n: int, first: int = 0, harness: str = cli_name, runner: EpisodeRunner = runner):
                 out = []

@@ -24,18 +24,8 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ("sandboxes", "agentenv", "rollout", "learner", "teachers", "distill")
-CHECKED = (*LIBRARY, "tests")
+CHECKED = (*LIBRARY, "benches", "examples", "tests")
 NO_CYCLES = ("rollout",)
-# Issue 25 moves these bench and demo modules out of the library (to benches/ and examples/); they, and imports
-# of their names, are left to that move.
-MOVING = (
-    "learner/bench_", "distill/bench_gpu.py", "distill/grid_", "distill/tiny_grid.py", "rollout/bench", "rollout/eval/bench.py",
-    "rollout/eval/proof.py", "learner/seeds.py", "sandboxes/bench.py", "rollout/gateway/bench.py",
-)
-MOVING_MODULES = ("learner.bench_", "distill.bench_gpu", "distill.grid_", "distill.tiny_grid", "rollout.bench", "rollout.eval.bench",
-                  "rollout.eval.proof", "learner.seeds", "sandboxes.bench", "rollout.gateway.bench")
-# Issue 25 (one config loader) gives the field-path formatter a public name; until then it is the one borrowed name.
-PENDING = {("rollout.config", "_loc")}
 
 
 def _module_name(path: Path) -> str:
@@ -49,8 +39,7 @@ def _sources(packages: tuple[str, ...]) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for package in packages:
         for path in sorted((ROOT / package).rglob("*.py")):
-            if not str(path.relative_to(ROOT)).startswith(MOVING):
-                found[_module_name(path)] = path
+            found[_module_name(path)] = path
     return found
 
 
@@ -141,7 +130,7 @@ def borrowed_private_names(packages: tuple[str, ...]) -> list[str]:
     found: list[str] = []
     for module, path in _sources(packages).items():
         for node, source, name in _imports(path, module):
-            if name is None or source == module or source.startswith(MOVING_MODULES) or (source, name) in PENDING:
+            if name is None or source == module:
                 continue
             if name.startswith("_") and not name.startswith("__"):
                 found.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}: {source}.{name}")
