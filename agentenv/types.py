@@ -27,6 +27,35 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes.types import Sandbox, SandboxSpec
 
+__all__ = [
+    "AnswerVerifierSpec",
+    "CheckResult",
+    "ChoiceParam",
+    "DbStateVerifierSpec",
+    "Domain",
+    "EnvironmentSpec",
+    "Episode",
+    "ExitCodeVerifierSpec",
+    "FileCheck",
+    "FilesVerifierSpec",
+    "FloatParam",
+    "IntParam",
+    "InvalidCause",
+    "Limits",
+    "OracleReplay",
+    "ParamSpec",
+    "RowAssertion",
+    "Task",
+    "TaskSpec",
+    "UnitTestsVerifierSpec",
+    "Variant",
+    "Verifier",
+    "VerifierResult",
+    "VerifierSpec",
+    "WordParam",
+]
+
+
 
 class Domain(str, enum.Enum):
     GENERAL = "general"

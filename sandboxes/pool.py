@@ -51,6 +51,9 @@ from sandboxes.types import (
     SnapshotRef,
 )
 
+__all__ = ["SandboxPool"]
+
+
 log = logging.getLogger(__name__)
 
 
