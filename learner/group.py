@@ -56,6 +56,9 @@ class LearnerRank:
     """One rank (a Ray actor): a process group member holding one ``ShardedTrainer``."""
 
     def __init__(self, rank: int, world_size: int, device_type: str, threads: int | None) -> None:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # one "Writing model shards" bar per save, per rank, in the driver's log
         if threads is not None:
             torch.set_num_threads(threads)
         self.rank, self.world_size, self.device_type = rank, world_size, device_type
