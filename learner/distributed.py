@@ -124,8 +124,10 @@ def shard_model(
 
     layers = decoder_layers(model)
     if activation_checkpointing:
-        enable = getattr(model.lm, "activation_checkpointing_enable", None) or model.lm.gradient_checkpointing_enable
-        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model.lm, "activation_checkpointing_enable"):  # transformers >= 5.2x
+            model.lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if compile_layers and not model.compiled:
         model.compile_layers()
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else \
