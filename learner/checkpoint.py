@@ -65,6 +65,11 @@ def config_hash(config: dict[str, Any]) -> str:
     for k in ("store", "run_id", "ray", "workers", "concurrency", "pool_size", "warm"):
         rollout.pop(k, None)  # where and how wide it runs, not what it learns
     keep["rollout"] = rollout
+    trainer = dict(keep.get("trainer") or {})
+    for k in ("world_size", "devices_per_node", "distributed_timeout_s", "activation_checkpointing"):
+        trainer.pop(k, None)  # how many ranks train, not what they learn (a checkpoint loads at any world size)
+    if "trainer" in keep:
+        keep["trainer"] = trainer
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

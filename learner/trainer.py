@@ -350,6 +350,9 @@ class Trainer:
         if missing:
             raise CheckpointMismatch(f"Trainer.load: {str(where / 'model')!r} lacks tensors of this model: {missing[:5]}")
         blob = torch.load(where / _STATE_FILE, map_location="cpu", weights_only=True)
+        if "optimizer" not in blob:
+            raise CheckpointMismatch(f"Trainer.load: {str(where)!r} was saved by a sharded learner (world size "
+                                     f"{blob.get('world_size')}); set trainer.world_size to load it")
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])
         self.state = TrainerState(**blob["state"])
