@@ -20,7 +20,7 @@ from transformers import GPT2Config, Qwen2Config
 from learner.distributed import RendezvousTimeout, init_distributed, shard_model
 from learner.errors import LearnerConfigError, UnsupportedModel
 from learner.group import LearnerGroup, LearnerGroupError
-from learner.model import PolicyModel
+from learner.model import VARLEN_ATTENTION, PolicyModel
 from learner.publish import CheckpointPublisher, latest_version
 from learner.trainer import Trainer
 from learner.types import LossConfig, TrainerConfig
@@ -110,13 +110,18 @@ def test_a_killed_rank_fails_the_group_and_resume_trains_nothing_twice(
     import ray
 
     data = [random_items(6, vocab_size, seed=100 + k) for k in range(3)]
-    # activation checkpointing on: recomputed layers give the same step
-    cfg = CFG.model_copy(update={"world_size": 2, "distributed_timeout_s": 60.0, "activation_checkpointing": True})
-    straight = Trainer(PolicyModel.from_config(tiny_config, seed=0), LossConfig.dapo(), CFG)
+    # the GPU fast path's options (stacked rows, varlen attention, chunked logprobs, fused AdamW), on both sides;
+    # activation checkpointing on the sharded side only: recomputed layers give the same step
+    fast = CFG.model_copy(update={"rows_per_micro_batch": 2, "pad_to_multiple": 64, "logprob_chunk_tokens": 50,
+                                  "fused_optimizer": True})
+    cfg = fast.model_copy(update={"world_size": 2, "distributed_timeout_s": 60.0, "activation_checkpointing": True})
+    straight = Trainer(PolicyModel.from_config(tiny_config, seed=0, attn_implementation=VARLEN_ATTENTION),
+                       LossConfig.dapo(), fast)
     for batch in data:
         straight.step(batch)
 
-    group = LearnerGroup(PolicyModel.from_config(tiny_config, seed=0), LossConfig.dapo(), cfg, threads=1)
+    start = PolicyModel.from_config(tiny_config, seed=0, attn_implementation=VARLEN_ATTENTION)
+    group = LearnerGroup(start, LossConfig.dapo(), cfg, threads=1)
     group.step(data[0])
     group.save(tmp_path / "ckpt")
     group.step(data[1])
@@ -128,7 +133,8 @@ def test_a_killed_rank_fails_the_group_and_resume_trains_nothing_twice(
     with pytest.raises(LearnerGroupError, match="stopped"):
         group.step(data[2])
 
-    with LearnerGroup(PolicyModel.from_config(tiny_config, seed=9), LossConfig.dapo(), cfg, threads=1) as resumed:
+    with LearnerGroup(PolicyModel.from_config(tiny_config, seed=9, attn_implementation=VARLEN_ATTENTION),
+                      LossConfig.dapo(), cfg, threads=1) as resumed:
         resumed.load(tmp_path / "ckpt")
         assert (resumed.state.step, resumed.state.data_position) == (1, 6)
         for batch in data[resumed.state.data_position // 6:]:  # the batch after the checkpoint, once
