@@ -53,7 +53,10 @@ def _sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def sharded_trainer(model: PolicyModel, loss_cfg: LossConfig, tcfg: Any, device: torch.device) -> Any:
+def sharded_trainer(
+    model: PolicyModel, loss_cfg: LossConfig, tcfg: Any, device: torch.device, *, param_dtype: str = "bf16",
+    reshard_after_forward: bool | None = None,
+) -> Any:
     """Rank 0 of a world of 1: the group's own code path (``LearnerRank.setup``), without the Ray actor."""
     from learner.distributed import broadcast_weights, free_address, init_distributed, shard_model
     from learner.sharded_trainer import ShardedTrainer
@@ -61,15 +64,15 @@ def sharded_trainer(model: PolicyModel, loss_cfg: LossConfig, tcfg: Any, device:
     host, port = free_address()
     mesh = init_distributed(0, 1, "127.0.0.1", port, device_type=device.type, timeout_s=tcfg.distributed_timeout_s)
     state = {k: v.detach().clone() for k, v in model.lm.state_dict().items()}
-    mixed = device.type == "cuda" and tcfg.bf16 is not False
+    mixed = device.type == "cuda" and tcfg.bf16 is not False and param_dtype == "bf16"
     shard_model(model, mesh, mixed_precision=mixed, compile_layers=tcfg.compile_layers,
-                activation_checkpointing=tcfg.activation_checkpointing)
+                activation_checkpointing=tcfg.activation_checkpointing, reshard_after_forward=reshard_after_forward)
     broadcast_weights(model, state)
     del state
     return ShardedTrainer(model, loss_cfg, tcfg)
 
 
-def run(args: argparse.Namespace, contenders: Sequence[str]) -> dict[str, Any]:
+def run(args: argparse.Namespace, contenders: Sequence[str], opts: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     bf16 = device.type == "cuda" and not args.fp32
     cfg = model_config(args.tiny)
@@ -84,9 +87,10 @@ def run(args: argparse.Namespace, contenders: Sequence[str]) -> dict[str, Any]:
     for name in contenders:
         model = PolicyModel.from_config(cfg, seed=args.seed, attn_implementation=args.attn).to(device)
         t_setup = time.perf_counter()
-        trainer = Trainer(model, loss_cfg, tcfg) if name == "fast" else sharded_trainer(model, loss_cfg, tcfg, device)
+        trainer = Trainer(model, loss_cfg, tcfg) if name == "fast" else sharded_trainer(
+            model, loss_cfg, tcfg, device, param_dtype=opts.sharded_params, reshard_after_forward=opts.reshard)
         setup_s = time.perf_counter() - t_setup
-        times, losses, norms = [], [], []
+        times, losses, norms, phases = [], [], [], []
         for k, batch in enumerate(per_step):
             t0 = _sync(device)
             m = trainer.step(batch)
@@ -95,6 +99,7 @@ def run(args: argparse.Namespace, contenders: Sequence[str]) -> dict[str, Any]:
             norms.append(m.grad_norm)
             if k >= args.warmup:
                 times.append(elapsed)
+                phases.append((m.pack_s, m.forward_backward_s, m.optimizer_s))
             elif args.verbose:
                 print(f"  {name} warmup step {k}: {elapsed:.1f} s", flush=True)
         seconds = sum(times)
@@ -102,6 +107,8 @@ def run(args: argparse.Namespace, contenders: Sequence[str]) -> dict[str, Any]:
             "tokens_per_s": sum(timed) / seconds, "mfu": flops / seconds / (args.peak_tflops * 1e12),
             "step_s_mean": seconds / len(times), "step_s_stdev": statistics.pstdev(times), "setup_s": setup_s,
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+            "pack_s": statistics.mean(p[0] for p in phases), "fwd_bwd_s": statistics.mean(p[1] for p in phases),
+            "optimizer_s": statistics.mean(p[2] for p in phases),
             "loss_per_step": losses, "grad_norm_per_step": norms,
         }
         if args.verbose:
@@ -121,7 +128,8 @@ def run(args: argparse.Namespace, contenders: Sequence[str]) -> dict[str, Any]:
         if bf16 else "fp32", "attn": args.attn, "seq_tokens": args.seq_tokens, "rows": args.rows,
         "logprob_chunk": args.logprob_chunk, "keep_logits": args.keep_logits, "compile": args.compile,
         "fused_adamw": args.fused_adamw, "samples_per_step": args.samples_per_step, "steps": args.steps,
-        "warmup": args.warmup, "peak_tflops": args.peak_tflops, "torch": torch.__version__, **results,
+        "warmup": args.warmup, "peak_tflops": args.peak_tflops, "torch": torch.__version__,
+        "sharded_params": opts.sharded_params, "reshard_after_forward": opts.reshard, **results,
     }
     if "fast" in results and "sharded" in results:
         out["mfu_points_sharded_minus_fast"] = 100 * (results["sharded"]["mfu"] - results["fast"]["mfu"])
@@ -131,13 +139,14 @@ def run(args: argparse.Namespace, contenders: Sequence[str]) -> dict[str, Any]:
 
 def table(r: dict[str, Any]) -> str:
     rows = [f"sharded learner (world size 1) vs fast path: {r['model']} on {r['device']} ({r['dtype']}; torch {r['torch']})",
-            f"{'':8} {'tokens/s':>12} {'MFU':>7} {'step s':>8} {'peak GiB':>9} {'setup s':>8}"]
+            f"{'':8} {'tokens/s':>12} {'MFU':>7} {'step s':>8} {'fwd+bwd':>8} {'optim':>7} {'peak GiB':>9} "
+            f"{'setup s':>8}"]
     for name in ("fast", "sharded"):
         if name in r:
             x = r[name]
             mem = f"{x['peak_mem_gib']:.1f}" if x["peak_mem_gib"] is not None else "-"
-            rows.append(f"{name:8} {x['tokens_per_s']:12.0f} {100 * x['mfu']:6.1f}% {x['step_s_mean']:8.3f} {mem:>9} "
-                        f"{x['setup_s']:8.1f}")
+            rows.append(f"{name:8} {x['tokens_per_s']:12.0f} {100 * x['mfu']:6.1f}% {x['step_s_mean']:8.3f} "
+                        f"{x['fwd_bwd_s']:8.3f} {x['optimizer_s']:7.3f} {mem:>9} {x['setup_s']:8.1f}")
     if "mfu_points_sharded_minus_fast" in r:
         rows.append(f"MFU sharded - fast: {r['mfu_points_sharded_minus_fast']:+.1f} points; first-step loss |diff| "
                     f"{r['first_step_loss_abs_diff']:.1e}")
@@ -147,13 +156,18 @@ def table(r: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     mine = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False)
     mine.add_argument("--contenders", default="fast,sharded", help="comma list of fast, sharded")
+    mine.add_argument("--sharded-params", choices=("bf16", "fp32"), default="bf16",
+                      help="sharded path on GPU: FSDP2 bf16 parameters (default, the group's), or fp32 ones under "
+                      "bf16 autocast (the fast path's numerics)")
+    mine.add_argument("--reshard", action=argparse.BooleanOptionalAction, default=None,
+                      help="reshard each layer after forward (default: only when world size > 1)")
     known, rest = mine.parse_known_args(argv)
     args = bench_gpu_args(rest)
     contenders = [c.strip() for c in known.contenders.split(",") if c.strip()]
     if not contenders or any(c not in ("fast", "sharded") for c in contenders):
         print(f"--contenders: expected a comma list of fast, sharded; got {known.contenders!r}", file=sys.stderr)
         return 2
-    result = run(args, contenders)
+    result = run(args, contenders, known)
     print(table(result))
     if args.out is not None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -112,13 +112,17 @@ def decoder_layers(model: PolicyModel) -> Any:
 
 def shard_model(
     model: PolicyModel, mesh: Any, *, mixed_precision: bool = False, activation_checkpointing: bool = False,
-    compile_layers: bool = False,
+    compile_layers: bool = False, reshard_after_forward: bool | None = None,
 ) -> None:
     """``fully_shard`` each decoder layer, then the root (``model``), in place.
 
     ``mixed_precision``: bf16 parameters in forward / backward, fp32 gradient
     reduction (the GPU setting). ``compile_layers``: ``torch.compile`` each layer
-    first (``PolicyModel.compile_layers``).
+    first (``PolicyModel.compile_layers``). ``reshard_after_forward``: free each
+    layer's gathered parameters after its forward and gather them again in
+    backward; ``None``: only when there is more than one rank (at world size 1
+    there is nothing to save). The root (embeddings, final norm, LM head) is
+    never resharded after forward: backward needs it first.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
@@ -132,9 +136,10 @@ def shard_model(
         model.compile_layers()
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else \
         MixedPrecisionPolicy()
+    reshard = mesh.size() > 1 if reshard_after_forward is None else reshard_after_forward
     for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     for name in FORWARD_METHODS:
         register_fsdp_forward_method(model, name)
 

@@ -110,6 +110,9 @@ class LearnerRank:
     def publish(self) -> str | None:
         return self.trainer.publish()
 
+    def carry_moments(self, optimizer_state: dict[str, Any] | None) -> None:
+        self.trainer.carry_moments(optimizer_state)
+
     def state_dict(self) -> dict[str, Any] | None:
         state = self.trainer.full_state_dict()
         return to_shareable(state) if state is not None else None
@@ -272,6 +275,22 @@ class LearnerGroup:
     def grads(self) -> dict[str, torch.Tensor]:
         """The last step's full gradients by parameter name (for checks)."""
         return dict(from_shareable(self._call("grads", timeout=self.cfg.distributed_timeout_s)[0]))
+
+    def carry_moments(self, optimizer: torch.optim.Optimizer, model: PolicyModel) -> None:
+        """Start the ranks' AdamW from ``optimizer``'s moments (built over ``model.parameters()``, e.g. the warm
+        start's), at the trainer's learning rate: ``learner.loop.carry_moments`` for the sharded learner."""
+        import ray
+
+        names = [f"{n}" for n, _ in model.named_parameters()]
+        full = optimizer.state_dict()
+        state = {
+            "state": {names[i]: {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in st.items()}
+                      for i, st in full["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in full["param_groups"]],
+        }
+        ref = ray.put(state)
+        self._all([a.carry_moments.remote(ref if r == 0 else None) for r, a in enumerate(self._actors)],
+                  "carry_moments", timeout=self.cfg.distributed_timeout_s)
 
     def publish(self) -> str | None:
         self.last_published = self._call("publish", timeout=self.cfg.distributed_timeout_s)[0]

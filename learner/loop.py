@@ -437,8 +437,12 @@ class TrainLoop:
             from learner.group import LearnerGroup
 
             threads = max(1, self.cfg.torch_threads // self.cfg.trainer.world_size)
-            return LearnerGroup(self.model, loss_cfg, self.cfg.trainer, device=self.cfg.model.device, ref_model=ref,
-                                threads=threads)
+            group = LearnerGroup(self.model, loss_cfg, self.cfg.trainer, device=self.cfg.model.device, ref_model=ref,
+                                 threads=threads)
+            sft_opt = getattr(self, "_sft_optimizer", None)
+            if self.cfg.rl.continue_sft_optimizer and sft_opt is not None:
+                group.carry_moments(sft_opt, self.model)
+            return group
         trainer = Trainer(self.model, loss_cfg, self.cfg.trainer, publisher=None, ref_model=ref)
         sft_opt = getattr(self, "_sft_optimizer", None)
         if self.cfg.rl.continue_sft_optimizer and sft_opt is not None:

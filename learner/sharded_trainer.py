@@ -86,6 +86,22 @@ class ShardedTrainer(Trainer):
     def _clip_grad_norm(self, max_norm: float) -> float:
         return clip_grad_norm(self.model.parameters(), max_norm)
 
+    def carry_moments(self, optimizer_state: dict[str, Any] | None) -> None:
+        """Start AdamW from another optimizer's full state (rank 0 passes it, keyed by parameter name; the others
+        None), at this trainer's learning rate and the schedule's current point (``learner.loop.carry_moments``)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        from learner.trainer import lr_factor
+
+        set_optimizer_state_dict(self.model, self.optimizer, optimizer_state or {},
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        lr = self.cfg.lr
+        factor = lr_factor(self.cfg, self.scheduler.last_epoch)
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = lr
+            group["lr"] = lr * factor
+        self.scheduler.base_lrs = [lr for _ in self.optimizer.param_groups]
+
     # ------------------------------------------------------------ weights out
 
     def full_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:

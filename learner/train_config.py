@@ -241,9 +241,6 @@ class TrainConfig(_Model):
     def _check_sharded_learner(self) -> None:
         if self.trainer.world_size is None:
             return
-        if self.rl.continue_sft_optimizer:
-            raise LearnerConfigError("rl.continue_sft_optimizer: the warm start's AdamW is not sharded; it cannot "
-                                     f"seed the sharded learner of trainer.world_size={self.trainer.world_size}")
         if self.model.device not in ("cpu", "cuda"):
             raise LearnerConfigError(f"model.device: with trainer.world_size each rank gets its own device from Ray; "
                                      f"give 'cpu' or 'cuda', got {self.model.device!r}")

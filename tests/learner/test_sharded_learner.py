@@ -6,6 +6,7 @@ gradients instead of averaging them (pytorch#162338), which a sharded-vs-sharded
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import socket
 import time
@@ -20,8 +21,10 @@ from transformers import GPT2Config, Qwen2Config
 from learner.distributed import RendezvousTimeout, init_distributed, shard_model
 from learner.errors import LearnerConfigError, UnsupportedModel
 from learner.group import LearnerGroup, LearnerGroupError
+from learner.loop import carry_moments
 from learner.model import VARLEN_ATTENTION, PolicyModel
 from learner.publish import CheckpointPublisher, latest_version
+from learner.sft import sft_step
 from learner.trainer import Trainer
 from learner.types import LossConfig, TrainerConfig
 from learner_fakes import random_items
@@ -63,14 +66,21 @@ def test_world_size_2_matches_one_process_and_its_checkpoint_loads_at_1(
 ) -> None:
     items = random_items(12, vocab_size, seed=5)
     loss_cfg = LossConfig.grpo()  # per-sequence normalisation: the split across ranks must not change it
-    reference = Trainer(PolicyModel.from_config(tiny_config, seed=0), loss_cfg, CFG)
+    # both start from a warm start's AdamW moments (rl.continue_sft_optimizer), as the quickstart does
+    start = PolicyModel.from_config(tiny_config, seed=0)
+    warm = torch.optim.AdamW(start.parameters(), lr=1e-3)
+    sft_step(start, warm, random_items(4, vocab_size, seed=1), 1)
+    reference = Trainer(copy.deepcopy(start), loss_cfg, CFG)
+    reference_warm = torch.optim.AdamW(reference.model.parameters(), lr=1e-3)
+    reference_warm.load_state_dict(copy.deepcopy(warm.state_dict()))  # AdamW shares "step" tensors on load
+    carry_moments(reference, reference_warm)
     m_ref = reference.step(items)
     assert m_ref.num_micro_batches % 2 == 1  # one rank runs a stand-in micro-batch
 
-    start = PolicyModel.from_config(tiny_config, seed=0)
     t0 = time.monotonic()
     with LearnerGroup(start, loss_cfg, CFG.model_copy(update={"world_size": 2}), threads=1,
                       publisher=CheckpointPublisher(tmp_path / "pub2", fsync=False)) as group:
+        group.carry_moments(warm, start)
         m = group.step(items)
         grads, weights = group.grads(), group.state_dict()
         group.save(tmp_path / "ckpt2")
