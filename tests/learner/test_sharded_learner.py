@@ -178,3 +178,23 @@ def test_a_rendezvous_that_does_not_complete_names_the_timeout_field() -> None:
     with pytest.raises(RendezvousTimeout, match=r"trainer.distributed_timeout_s: rank 1 of 2 .*127.0.0.1"):
         init_distributed(1, 2, "127.0.0.1", port, timeout_s=2.0)
     assert time.monotonic() - t0 < 30
+
+
+def test_the_training_config_takes_the_sharded_learner_fields(tmp_path: Path) -> None:
+    import yaml
+
+    from learner.train_config import load_train_config
+
+    base = {"run_id": "r", "rollout": {"tasks": {"ids": ["general/answer_number"]}},
+            "trainer": {"world_size": 2, "devices_per_node": 2, "activation_checkpointing": True,
+                        "distributed_timeout_s": 30}}
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(base))
+    cfg = load_train_config(path)
+    assert (cfg.trainer.world_size, cfg.trainer.devices_per_node, cfg.trainer.distributed_timeout_s) == (2, 2, 30.0)
+    path.write_text(yaml.safe_dump(base | {"model": {"device": "cuda:1"}}))
+    with pytest.raises(LearnerConfigError, match=r"model.device: with trainer.world_size"):
+        load_train_config(path)
+    path.write_text(yaml.safe_dump(base | {"trainer": {"world_size": 0}}))
+    with pytest.raises(LearnerConfigError, match=r"trainer.world_size"):
+        load_train_config(path)
