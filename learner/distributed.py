@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from learner.errors import LearnerConfigError, LearnerError, UnsupportedModel
+from learner.errors import DistributedError, LearnerConfigError, LearnerError, RendezvousTimeout, UnsupportedModel
 from learner.model import PolicyModel
 
 __all__ = [
@@ -39,14 +39,6 @@ __all__ = [
 
 #: the methods of ``PolicyModel`` the trainer calls instead of ``forward``
 FORWARD_METHODS = ("logprobs", "logits", "hidden_states")
-
-
-class DistributedError(LearnerError, RuntimeError):
-    """A rank, a collective or the group itself failed (a dead peer, a timeout)."""
-
-
-class RendezvousTimeout(DistributedError, LearnerConfigError, TimeoutError):
-    """The ranks did not all meet at rank 0's address within ``trainer.distributed_timeout_s``."""
 
 
 def free_address() -> tuple[str, int]:

@@ -32,8 +32,7 @@ from typing import Any
 
 import torch
 
-from learner.distributed import DistributedError
-from learner.errors import LearnerConfigError
+from learner.errors import LearnerConfigError, LearnerGroupError
 from learner.metrics import trajectory_splits
 from learner.model import PolicyModel
 from learner.publish import WeightPublisher, from_shareable, to_shareable
@@ -42,14 +41,6 @@ from learner.types import LossConfig, StepMetrics, TrainerConfig, TrainItem
 from rollout.types import Trajectory
 
 __all__ = ["LearnerGroup", "LearnerGroupError", "LearnerRank"]
-
-
-class LearnerGroupError(DistributedError):
-    """A rank of the group died or failed; ``rank`` names it (None: the group as a whole)."""
-
-    def __init__(self, message: str, rank: int | None = None) -> None:
-        super().__init__(message)
-        self.rank = rank
 
 
 class LearnerRank:

@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from learner.distributed import DistributedError
-from learner.errors import CheckpointError
+from learner.errors import CheckpointError, DistributedError
 from learner.loop import Reporter, TrainLoop
 from learner.report import write_outputs
 from learner.train_config import TrainConfig, load_train_config

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from learner.distributed import DistributedError, clip_grad_norm, full_grads, full_state_dict
-from learner.errors import CheckpointNotFound
+from learner.distributed import clip_grad_norm, full_grads, full_state_dict
+from learner.errors import CheckpointNotFound, DistributedError
 from learner.model import PolicyModel
 from learner.publish import WeightPublisher
 from learner.trainer import _CONFIG_FILE, _STATE_FILE, Trainer, TrainerState, _rng_state, _set_rng_state

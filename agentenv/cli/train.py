@@ -77,8 +77,7 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="continue this config's killed run from its newest checkpoint"),
 ) -> None:
     """Warm-start on oracle episodes, then RL in Docker sandboxes, evaluated on held-out variants."""
-    from learner.distributed import DistributedError
-    from learner.errors import CheckpointError
+    from learner.errors import CheckpointError, DistributedError
     from learner.job import run_training
     from learner.train_config import load_train_config
     from rollout.config import ConfigError

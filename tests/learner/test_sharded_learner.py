@@ -18,9 +18,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import GPT2Config, Qwen2Config
 
-from learner.distributed import RendezvousTimeout, init_distributed, shard_model
-from learner.errors import LearnerConfigError, UnsupportedModel
-from learner.group import LearnerGroup, LearnerGroupError
+from learner.distributed import init_distributed, shard_model
+from learner.errors import LearnerConfigError, LearnerGroupError, RendezvousTimeout, UnsupportedModel
+from learner.group import LearnerGroup
 from learner.loop import carry_moments
 from learner.model import VARLEN_ATTENTION, PolicyModel
 from learner.publish import CheckpointPublisher, latest_version
