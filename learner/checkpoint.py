@@ -71,6 +71,11 @@ def config_hash(config: dict[str, Any]) -> str:
         # training left both at their defaults. They stay in the hash so a run checkpointed then still resumes.
         rollout.update(seeds=[0], policy=PolicyConfig().model_dump(mode="json"))
     keep["rollout"] = rollout
+    trainer = dict(keep.get("trainer") or {})
+    for k in ("world_size", "devices_per_node", "distributed_timeout_s", "activation_checkpointing"):
+        trainer.pop(k, None)  # how many ranks train, not what they learn (a checkpoint loads at any world size)
+    if "trainer" in keep:
+        keep["trainer"] = trainer
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -46,14 +46,32 @@ class CheckpointMismatch(CheckpointError, ValueError):
     """A checkpoint does not fit what loads it: tensors missing or extra, another config, another run."""
 
 
+class DistributedError(LearnerError, RuntimeError):
+    """A rank of the sharded learner, a collective or the group failed (a dead peer, a timeout)."""
+
+
+class RendezvousTimeout(DistributedError, LearnerConfigError, TimeoutError):
+    """The ranks did not all meet at rank 0's address within ``trainer.distributed_timeout_s``."""
+
+
+class LearnerGroupError(DistributedError):
+    """A rank of ``learner.group.LearnerGroup`` died or failed; ``rank`` names it (None: the group as a whole)."""
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
 
 __all__ = [
     "CheckpointError",
     "CheckpointMismatch",
     "CheckpointNotFound",
+    "DistributedError",
     "EmptyBatch",
     "LearnerConfigError",
     "LearnerError",
+    "LearnerGroupError",
+    "RendezvousTimeout",
     "ShapeError",
     "UnsupportedModel",
 ]

@@ -7,7 +7,8 @@ learner.job CONFIG`` on a cluster. Under a job the supervisor sets
 places its rollout workers on the nodes that declare the worker resource
 (``ray start --head --num-cpus 2 --resources '{"docker_daemon": 2}'``); with
 ``runner: inprocess`` the whole run stays in the job's driver.
-Exit codes: 0 done, 2 bad config or a checkpoint that does not fit.
+Exit codes: 0 done, 2 bad config or a checkpoint that does not fit, 3 a rank of the sharded learner
+(``trainer.world_size``) died or timed out (``--resume`` continues from the last checkpoint).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from learner.errors import CheckpointError
+from learner.errors import CheckpointError, DistributedError
 from learner.loop import Reporter, TrainLoop
 from learner.report import write_outputs
 from learner.train_config import TrainConfig, load_train_config
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as exc:
         print(exc, file=sys.stderr)
         return 2
+    except DistributedError as exc:  # a rank of the sharded learner died or timed out: --resume continues
+        print(f"{exc}\n(continue with --resume from the last checkpoint)", file=sys.stderr)
+        return 3
     print("train-report: " + json.dumps({k: summary[k] for k in REPORT_KEYS}))
     return 0
 

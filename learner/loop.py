@@ -55,7 +55,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -76,6 +76,9 @@ from rollout.policy.types import SamplingParams
 from rollout.runner import RolloutRunner, run_all
 from rollout.store import TrajectoryStore
 from rollout.types import Status, Trajectory
+
+if TYPE_CHECKING:
+    from learner.group import LearnerGroup
 
 __all__ = [
     "AdvantageProvider", "EvalResult", "Reporter", "RunHistory", "TrainLoop", "eval_requests", "fresh_for_learner",
@@ -422,7 +425,7 @@ class TrainLoop:
 
     # ------------------------------------------------------------ RL
 
-    def _make_trainer(self) -> Trainer:
+    def _make_trainer(self) -> Trainer | LearnerGroup:
         loss_cfg = self.cfg.loss_config()
         # KL(pi || pi_ref) to the warm-started model keeps what SFT taught (the tool-call format)
         # while RL moves the decisions the verifier rewards; the reference is a frozen copy.
@@ -432,6 +435,16 @@ class TrainLoop:
             ref = PolicyModel.from_pretrained(warm) if self._restored is not None else PolicyModel(copy.deepcopy(self.model.lm))
             ref.to(self.cfg.model.device)
             ref.lm.requires_grad_(False)
+        if self.cfg.trainer.world_size is not None:  # the sharded learner: FSDP2 ranks on Ray, started from self.model
+            from learner.group import LearnerGroup
+
+            threads = max(1, self.cfg.torch_threads // self.cfg.trainer.world_size)
+            group = LearnerGroup(self.model, loss_cfg, self.cfg.trainer, device=self.cfg.model.device, ref_model=ref,
+                                 threads=threads)
+            sft_opt = getattr(self, "_sft_optimizer", None)
+            if self.cfg.rl.continue_sft_optimizer and sft_opt is not None:
+                group.carry_moments(sft_opt, self.model)
+            return group
         trainer = Trainer(self.model, loss_cfg, self.cfg.trainer, publisher=None, ref_model=ref)
         sft_opt = getattr(self, "_sft_optimizer", None)
         if self.cfg.rl.continue_sft_optimizer and sft_opt is not None:
@@ -475,8 +488,15 @@ class TrainLoop:
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
 
     async def rl(self) -> None:
-        cfg = self.cfg.rl
         trainer = self._make_trainer()
+        try:
+            await self._rl(trainer)
+        finally:
+            if not isinstance(trainer, Trainer):
+                trainer.close()
+
+    async def _rl(self, trainer: Trainer | LearnerGroup) -> None:
+        cfg = self.cfg.rl
         pending: list[_Group] = []
         total_groups = cfg.iterations * cfg.groups_per_iter
         planned = 0
@@ -508,6 +528,8 @@ class TrainLoop:
             trajs = [t for g in taken for t in g.results()]
             t1 = time.monotonic()
             row = await self._learn(trainer, it, trajs, len(pending))
+            if not isinstance(trainer, Trainer):  # the sharded learner's weights, gathered, become this process's copy
+                self.model.lm.load_state_dict(await asyncio.to_thread(trainer.state_dict))
             await self._publish(self.version + 1)
             if cfg.partial_rollouts:
                 await self.runner.resume()
@@ -527,7 +549,7 @@ class TrainLoop:
         if pending:  # iterations: 0, or nothing left to train: still stored, exactly once
             await asyncio.gather(*(f for g in pending for f in g.futures), return_exceptions=True)
 
-    async def _learn(self, trainer: Trainer, it: int, trajs: list[Trajectory], in_flight: int) -> dict[str, float]:
+    async def _learn(self, trainer: Trainer | LearnerGroup, it: int, trajs: list[Trajectory], in_flight: int) -> dict[str, float]:
         cfg = self.cfg.rl
         # An agent-caused invalid (the agent's code hung the tests, exited, skipped them all) is recorded under
         # the episode's own trainable status with reward 0 and stays in: a failure, not a free pass. Only the
@@ -568,7 +590,7 @@ class TrainLoop:
         self._trained.extend(t.episode_id for t in fresh)
         return row
 
-    def _checkpoint(self, trainer: Trainer, it: int, pending: Sequence[_Group]) -> None:
+    def _checkpoint(self, trainer: Trainer | LearnerGroup, it: int, pending: Sequence[_Group]) -> None:
         state = EngineState(
             run_id=self.run_id, config_hash=self.config_hash, iteration=it, version=self.version,
             episode_index=self._episode_index, planned_batches=self._planned_batches,
@@ -615,6 +637,11 @@ class TrainLoop:
     async def _publish_restored(self) -> None:
         latest = self.checkpoints.latest()
         assert latest is not None  # noqa: S101 - restored implies a checkpoint
+        if self.cfg.trainer.world_size is not None:  # a sharded checkpoint: its Hugging Face export holds the weights
+            saved = PolicyModel.from_pretrained(latest / "trainer" / "model")
+            self.model.lm.load_state_dict(saved.lm.state_dict())
+            await self.runner.publish(self.version, self.model.lm.state_dict())
+            return
         trainer = Trainer(self.model, self.cfg.loss_config(), self.cfg.trainer)
         trainer.load(latest / "trainer")  # the weights now, so the runner samples the checkpoint's version
         await self.runner.publish(self.version, self.model.lm.state_dict())

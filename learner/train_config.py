@@ -240,7 +240,16 @@ class TrainConfig(_Model):
                 f"rollout.staleness.max_lag >= 1, got {self.rollout.staleness.max_lag}"
             )
         self._check_effort()
+        self._check_sharded_learner()
         return self
+
+    # ---- the sharded learner (trainer.world_size; learner.group) ----
+    def _check_sharded_learner(self) -> None:
+        if self.trainer.world_size is None:
+            return
+        if self.model.device not in ("cpu", "cuda"):
+            raise LearnerConfigError(f"model.device: with trainer.world_size each rank gets its own device from Ray; "
+                                     f"give 'cpu' or 'cuda', got {self.model.device!r}")
 
     def _check_effort(self) -> None:
         effort, levels = self.effort, self.rollout.efforts.levels

@@ -44,7 +44,7 @@ from learner.metrics import trajectory_splits
 from learner.model import PolicyModel
 from learner.packing import pack
 from learner.publish import WeightPublisher
-from learner.types import LossConfig, StepMetrics, TrainerConfig, TrainItem
+from learner.types import LossConfig, StepMetrics, TrainBatch, TrainerConfig, TrainItem
 from rollout.types import Trajectory
 
 __all__ = ["Trainer", "TrainerState", "lr_factor", "make_deterministic"]
@@ -177,6 +177,23 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
+    # ------------------------------------------------------------ what a sharded trainer replaces
+
+    def _local_micro_batches(self, micro: list[TrainBatch]) -> list[tuple[TrainBatch, bool]]:
+        """The micro-batches this process runs, each with whether it counts (one process: all, all counting)."""
+        return [(mb, True) for mb in micro]
+
+    def _backward(self, loss: torch.Tensor, index: int, count: int, counts: bool) -> None:
+        loss.backward()
+
+    def _reduce_stats(
+        self, acc: dict[str, float], w_min: float, w_max: float
+    ) -> tuple[dict[str, float], float, float]:
+        return acc, w_min, w_max
+
+    def _clip_grad_norm(self, max_norm: float) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+
     def step(
         self,
         items: Sequence[TrainItem],
@@ -204,7 +221,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         acc = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip": 0.0, "w": 0.0, "masked": 0.0, "ent": 0.0}
         w_min, w_max = math.inf, -math.inf
-        for mb in micro:
+        mine = self._local_micro_batches(micro)
+        for k, (mb, counts) in enumerate(mine):
             mb = mb.to(self.device)
             only_BT = mb.loss_mask_BT.bool() if self.cfg.logprobs_at_loss_tokens else None
             with self._autocast():
@@ -220,7 +238,9 @@ class Trainer:
                 logp_BT, mb.rollout_logp_BT, mb.adv_BT, mb.loss_mask_BT, mb.seg_BT, self.loss_cfg,
                 ref_logp_BT=ref_BT, num_tokens=n_tok, num_seqs=n_seq,
             )
-            out.loss.backward()
+            self._backward(out.loss, k, len(mine), counts)
+            if not counts:  # a stand-in that keeps a rank's collectives in step with the others (ShardedTrainer)
+                continue
             acc["loss"] += float(out.loss.detach())
             acc["pg"] += out.pg_loss_sum
             acc["kl"] += out.kl_sum
@@ -230,10 +250,11 @@ class Trainer:
             assert ent_BT is not None  # noqa: S101 - asked for with_entropy
             acc["ent"] += float((ent_BT * mb.loss_mask_BT).sum())
             w_min, w_max = min(w_min, out.is_weight_min), max(w_max, out.is_weight_max)
+        acc, w_min, w_max = self._reduce_stats(acc, w_min, w_max)
         t_backward = self._sync()
 
         clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        grad_norm = self._clip_grad_norm(clip)
         lr = float(self.scheduler.get_last_lr()[0])
         self.optimizer.step()
         self.scheduler.step()
@@ -329,6 +350,9 @@ class Trainer:
         if missing:
             raise CheckpointMismatch(f"Trainer.load: {str(where / 'model')!r} lacks tensors of this model: {missing[:5]}")
         blob = torch.load(where / _STATE_FILE, map_location="cpu", weights_only=True)
+        if "optimizer" not in blob:
+            raise CheckpointMismatch(f"Trainer.load: {str(where)!r} was saved by a sharded learner (world size "
+                                     f"{blob.get('world_size')}); set trainer.world_size to load it")
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])
         self.state = TrainerState(**blob["state"])

@@ -208,11 +208,31 @@ class TrainerConfig(BaseModel):
         default=False, description="same seed, same run: torch.use_deterministic_algorithms(True) for the process "
         "(learner.trainer.make_deterministic); measured cost on CPU in docs/training.md",
     )
+    # The sharded learner (learner.group.LearnerGroup): FSDP2 ranks as Ray actors.
+    world_size: int | None = Field(
+        default=None, ge=1, description="train on this many FSDP2-sharded ranks (Ray actors, one device each; "
+        "1 = the sharded path on one device); None: the single-process trainer",
+    )
+    devices_per_node: int | None = Field(
+        default=None, ge=1, description="devices (GPUs, or CPU ranks) one node gives the group; world_size must be "
+        "at most this or a multiple of it; None: world_size (one node)",
+    )
+    activation_checkpointing: bool = Field(
+        default=False, description="sharded learner: recompute each decoder layer's activations in backward",
+    )
+    distributed_timeout_s: float = Field(
+        default=600.0, gt=0.0, description="sharded learner: the bound on the rendezvous, every collective and a "
+        "publish; a dead or stuck rank fails the group after this",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
         if self.schedule != "constant" and self.total_steps is None:
             raise LearnerConfigError(f"TrainerConfig.total_steps: schedule={self.schedule!r} needs total_steps, got None")
+        per_node, world = self.devices_per_node, self.world_size
+        if per_node is not None and world is not None and world > per_node and world % per_node:
+            raise LearnerConfigError(f"TrainerConfig.world_size: {world} ranks do not fill whole nodes of "
+                                     f"devices_per_node={per_node}; use a multiple of it (or at most {per_node})")
         return self
 
 

@@ -42,7 +42,7 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="continue this config's killed run from its newest checkpoint"),
 ) -> None:
     """Warm-start on oracle episodes, then RL in Docker sandboxes, evaluated on held-out variants."""
-    from learner.errors import CheckpointError
+    from learner.errors import CheckpointError, DistributedError
     from learner.job import run_training
     from learner.train_config import load_train_config
     from rollout.config import ConfigError
@@ -58,5 +58,8 @@ def train(
         except CheckpointError as exc:
             console.print(f"[red]{exc}[/red]")
             raise typer.Exit(2) from None
+        except DistributedError as exc:  # a rank of the sharded learner died: --resume continues
+            console.print(f"[red]{exc}[/red]\n(continue with --resume from the last checkpoint)")
+            raise typer.Exit(3) from None
     console.print(pass_rate_table(summary, "agentenv train", "after RL"))
     console.print(f"curve: {summary['learning_curve_png']}\nreport: {summary['report_md']}")
