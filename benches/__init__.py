@@ -17,5 +17,7 @@ ratio is the result) and prints a table; most also write JSON. Not part of the l
 ``benches.publish``               ``python -m benches.publish``: weights through the Ray object store vs a
                                   checkpoint reload
 ``benches.distill_gpu``           ``python -m benches.distill_gpu``: LoRA teachers vs full copies; MOPD vs RL
+``benches.sharded_learner``       ``python -m benches.sharded_learner``: the FSDP2-sharded learner at world size 1
+                                  vs the fast path (tokens/s, MFU, peak memory)
 ================================  =============================================================================
 """

@@ -1,16 +1,16 @@
-"""The sharded learner at world size 1 against today's fast path, on ``learner.bench_gpu``'s shape, in one run.
+"""The sharded learner at world size 1 against today's fast path, on ``benches.learner_gpu``'s shape, in one run.
 
 Run on the H200 (not in CI)::
 
-    python benches/sharded_learner.py --verbose --out runs/bench_sharded.json
+    python -m benches.sharded_learner --verbose --out runs/bench_sharded.json
 
 and on any CPU with a tiny model, in seconds::
 
-    python benches/sharded_learner.py --tiny
+    python -m benches.sharded_learner --tiny
 
 Both contenders train the same model (Qwen2-0.5B-shaped, random weights, the
 same seed) on the same samples with the same loss and the same
-``TrainerConfig`` (``learner.bench_gpu.packed_config``: packed 4096-token rows,
+``TrainerConfig`` (``benches.learner_gpu.packed_config``: packed 4096-token rows,
 8 rows per micro-batch, varlen attention, chunked logprobs with bf16 logits
 kept, compiled layers, fused AdamW):
 
@@ -31,7 +31,7 @@ vs 0.593 s, optimizer 23 ms vs 12 ms on DTensor shards); first-step loss
 setting) 31.0%; with fp32 FSDP parameters under autocast 30.5%, so bf16
 parameters and no reshard at world size 1 are the defaults.
 
-Every other flag is ``learner.bench_gpu``'s (``--steps``, ``--samples-per-step``,
+Every other flag is ``benches.learner_gpu``'s (``--steps``, ``--samples-per-step``,
 ``--no-compile`` ...). MFU as there: model FLOPs / (time x peak); peak memory is
 ``torch.cuda.max_memory_allocated`` per contender.
 """
@@ -49,8 +49,8 @@ from typing import Any
 
 import torch
 
-from learner.bench_gpu import make_items, matmul_params, model_config, packed_config, train_flops
-from learner.bench_gpu import parse_args as bench_gpu_args
+from benches.learner_gpu import make_items, matmul_params, model_config, packed_config, train_flops
+from benches.learner_gpu import parse_args as bench_gpu_args
 from learner.model import PolicyModel
 from learner.trainer import Trainer
 from learner.types import LossConfig
