@@ -25,6 +25,11 @@ PUBLIC = {
         "Variant", "Verifier", "VerifierResult", "check_task", "format_loc", "get_task", "list_tasks",
         "load_yaml_config", "make", "register",
     ],
+    "learner": [
+        "CheckpointPublisher", "LearnerError", "LearnerGroup", "LossConfig", "PolicyModel", "ServerReloadPublisher",
+        "TrainBatch", "TrainConfig", "TrainItem", "TrainLoop", "Trainer", "TrainerConfig", "WeightPublisher",
+        "group_advantages", "load_train_config", "policy_loss", "run_training",
+    ],
     "rollout": [
         "EpisodeContext", "EpisodeLost", "EpisodeRequest", "EpisodeRunner", "FleetConfig", "Generation",
         "InProcessRunner", "Policy", "PolicyError", "RayRunner", "RolloutConfig", "RolloutError",
