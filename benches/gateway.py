@@ -49,7 +49,7 @@ class ExploringOracle:
         return _Exploring(explore, ctx, self._oracle.for_episode(ctx))
 
 
-class _Exploring:
+class _Exploring(Policy):
     name, version = "exploring-oracle", 0
 
     def __init__(self, explore: int, ctx: Any, oracle: Policy) -> None:

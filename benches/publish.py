@@ -54,7 +54,8 @@ def qwen2_05b_config(vocab_size: int = 151936) -> Qwen2Config:
     """Qwen2-0.5B's shapes (from its published config), built locally."""
     return Qwen2Config(
         vocab_size=vocab_size, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
         rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
     )
 
@@ -108,7 +109,9 @@ class _Worker:
 def _bump(model: PolicyModel, version: int) -> None:
     """A new version differs from the last (one row of the embedding), so a stale worker cannot pass the check."""
     with torch.no_grad():
-        model.lm.get_input_embeddings().weight[version % 7].add_(0.5)
+        weight = model.lm.get_input_embeddings().weight
+        assert isinstance(weight, torch.Tensor)
+        weight[version % 7].add_(0.5)
 
 
 def run_bench(*, small: bool, workers: int, repeats: int, fsync: bool = True, console: Console | None = None) -> dict[str, Any]:
@@ -166,7 +169,7 @@ def run_bench(*, small: bool, workers: int, repeats: int, fsync: bool = True, co
     finally:
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
-    methods = {
+    methods: dict[str, dict[str, Any]] = {
         name: {"seconds": [round(s, 4) for s in secs], "median_s": statistics.median(secs), "verified": verified[name]}
         for name, secs in seconds.items()
     }

@@ -146,7 +146,7 @@ def broadcast_weights(model: PolicyModel, state: Mapping[str, torch.Tensor] | No
     """Rank 0 passes the full state dict (``lm``'s keys), the others ``None``; afterwards every shard holds it."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    full = {f"lm.{k}": v for k, v in state.items()} if state is not None else {}
+    full: dict[str, Any] = {f"lm.{k}": v for k, v in state.items()} if state is not None else {}
     if dist.get_rank() == 0 and not full:
         raise LearnerError("broadcast_weights: rank 0 must hold the weights, got none")
     set_model_state_dict(model, full, options=_options(full_state_dict=True, broadcast_from_rank0=True, strict=True))
@@ -200,7 +200,7 @@ def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float) -> flo
     from torch.distributed.tensor import DTensor
 
     params = [p for p in params if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], 2.0)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)

@@ -74,7 +74,7 @@ class LearnerRank:
         mixed = self.device_type == "cuda" and cfg.bf16 is not False
 
         def build(state: dict[str, Any] | None, trainable: bool) -> PolicyModel:
-            kwargs = {"attn_implementation": attn} if attn else {}
+            kwargs: dict[str, Any] = {"attn_implementation": attn} if attn else {}
             model = PolicyModel.from_config(config, **kwargs).to(device)
             shard_model(model, mesh, mixed_precision=mixed, compile_layers=trainable and cfg.compile_layers,
                         activation_checkpointing=trainable and cfg.activation_checkpointing)

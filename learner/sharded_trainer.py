@@ -124,7 +124,7 @@ class ShardedTrainer(Trainer):
         if self.publisher is None:
             return None
         state = self.full_state_dict()
-        if self.rank != 0 or self._sink is None:
+        if self.rank != 0 or self._sink is None or state is None:
             return None
         host = self.host_model(state)
         timeout = self.cfg.distributed_timeout_s

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 OLD = {"trainer": {"lr": 1.0e-3, "warmup_steps": 0}, "rl": {"continue_sft_optimizer": False},
        "rl.loss": {"aggregation": "token_mean"}}
-ARMS = {
+ARMS: dict[str, list[tuple[str, dict]] | None] = {
     "old": [],
     "old+seq_mean": [("rl.loss", {"aggregation": "seq_mean_token_mean"})],
     "old+moments": [("rl", {"continue_sft_optimizer": True})],

@@ -48,7 +48,7 @@ def _format_bash(result: IntentResult) -> str:
 class BashHarness(BaseHarness):
     """``bash{command, timeout (s)}`` and ``submit{answer}``."""
 
-    name: ClassVar[str] = "bash"
+    name = "bash"
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
     call_id_prefix: ClassVar[str] = "call_"
     text_turn_submits: ClassVar[bool] = False

@@ -194,7 +194,7 @@ def _fmt_grep(r: IntentResult) -> str:
 class ClaudeCodeHarness(BaseHarness):
     """Bash, Read, Write, Edit, MultiEdit, Glob, Grep, TodoWrite -- Claude Code's names and shapes."""
 
-    name: ClassVar[str] = "claude_code"
+    name = "claude_code"
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
     call_id_prefix: ClassVar[str] = "toolu_"
     tools: ClassVar[tuple[Tool, ...]] = (

@@ -97,7 +97,7 @@ def _fmt_shell(r: IntentResult) -> str:
 class CodexHarness(BaseHarness):
     """shell (argv list, timeout_ms), apply_patch (patch grammar), update_plan."""
 
-    name: ClassVar[str] = "codex"
+    name = "codex"
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
     call_id_prefix: ClassVar[str] = "call_"
     tools: ClassVar[tuple[Tool, ...]] = (

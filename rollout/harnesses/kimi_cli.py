@@ -58,7 +58,7 @@ def _from_edit(a: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
 class KimiCliHarness(BaseHarness):
     """Shell, ReadFile, WriteFile, StrReplaceFile, Glob, Grep, SetTodoList."""
 
-    name: ClassVar[str] = "kimi_cli"
+    name = "kimi_cli"
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
     call_id_prefix: ClassVar[str] = "tool_"
     tools: ClassVar[tuple[Tool, ...]] = (

@@ -197,7 +197,7 @@ def kimi_todo_schema() -> dict[str, Any]:
 class KimiCodeHarness(BaseHarness):
     """Bash, Read, Write, Edit, Glob, Grep, TodoList -- Kimi Code's names and shapes."""
 
-    name: ClassVar[str] = "kimi_code"
+    name = "kimi_code"
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
     call_id_prefix: ClassVar[str] = "tool_"
     tools: ClassVar[tuple[Tool, ...]] = (
