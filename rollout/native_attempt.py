@@ -56,15 +56,16 @@ STOP_FILE = "stop"  # dropped in the episode's gateway folder by the host: the C
 
 
 def _native_command(profile: NativeProfile, instruction: str, effort: str | None, max_turns: int, workdir: str) -> str:
-    """The CLI under a wrapper: the forwarder, then the CLI in its own process group, which a watcher kills
-    (with every command it started) once the host drops ``STOP_FILE`` in the gateway folder (a budget spent)."""
+    """The CLI under a wrapper: the forwarder, then the CLI in its own process group (``setsid``, where the image
+    has it), which a watcher kills (with every command it started) once the host drops ``STOP_FILE`` in the
+    gateway folder (a budget spent)."""
     fwd = f"{INSTALL_DIR}/bin/agentenv-gw-forward"
     wait = f"for i in $(seq 200); do (exec 3<>/dev/tcp/127.0.0.1/{FORWARD_PORT}) 2>/dev/null && break; sleep 0.02; done"
     stop = f"{GATEWAY_MOUNT}/{STOP_FILE}"
-    watch = f"(while [ ! -e {stop} ]; do kill -0 $CLI 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL -- -$CLI 2>/dev/null) & W=$!"
+    watch = f"(while [ ! -e {stop} ]; do kill -0 $CLI 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL -- -$CLI 2>/dev/null || kill -KILL $CLI) & W=$!"
     body = (
         f"{fwd} {FORWARD_PORT} >/dev/null 2>&1 & FWD=$!; {wait}; cd {workdir}; "
-        f"setsid {profile.command(instruction, effort, max_turns)} </dev/null & CLI=$!; {watch}; "
+        f"$(command -v setsid) {profile.command(instruction, effort, max_turns)} </dev/null & CLI=$!; {watch}; "
         "wait $CLI; rc=$?; kill $FWD $W 2>/dev/null; exit $rc"
     )
     return "bash -c " + shlex.quote(body)
