@@ -8,17 +8,21 @@ One attempt of an episode over the contract of ``rollout.attempt`` (the other is
     a gateway Session + server on a Unix socket     (rollout.gateway) in a folder mounted only into this sandbox
     the CLI, started with the instruction, the turn budget and the effort level, under the task's wall time
         its model calls -> forwarder on 127.0.0.1 -> socket -> gateway -> the policy; each call recorded token-exact
+        under the episode's budgets, as in the emulated loop: the task's ``max_tokens`` over all calls (each
+        call capped at what is left), the effort level's thinking cap (``EpisodeRequest.thinking_budget``),
+        the run's sampling; the first call refused (a token or turn budget spent) ends the CLI
     the CLI exits (or a budget runs out)            -> graded in place, as usual; the CLI's last message is the answer
     Trajectory: the gateway's samples, one Turn per model call
 
 A failed episode is a record, like any other: a CLI that cannot start is
 ``error`` with its output, a policy failure mid-episode shows up as the CLI
-giving up (graded), a turn budget spent is ``truncated``, the wall time
-``timeout``.
+giving up (graded), a turn or token budget spent is ``truncated``, the wall
+time ``timeout``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import secrets
@@ -43,20 +47,36 @@ from rollout.policy.types import Policy
 from rollout.types import Sample, Status, Timings, Trajectory, Turn
 from sandboxes.errors import SandboxError
 from sandboxes.native_images import FORWARD_PORT, GATEWAY_SOCKET, INSTALL_DIR, ensure_native_image
+from sandboxes.types import GATEWAY_MOUNT
 
 __all__ = ["NATIVE_GRACE_S", "run_native_attempt"]
 
 NATIVE_GRACE_S = 30.0  # the program's own start-up and exit, on top of the task's wall time
+STOP_FILE = "stop"  # dropped in the episode's gateway folder by the host: the CLI is ended
 
 
 def _native_command(profile: NativeProfile, instruction: str, effort: str | None, max_turns: int, workdir: str) -> str:
+    """The CLI under a wrapper: the forwarder, then the CLI in its own process group (``setsid``, where the image
+    has it), which a watcher kills (with every command it started) once the host drops ``STOP_FILE`` in the
+    gateway folder (a budget spent)."""
     fwd = f"{INSTALL_DIR}/bin/agentenv-gw-forward"
     wait = f"for i in $(seq 200); do (exec 3<>/dev/tcp/127.0.0.1/{FORWARD_PORT}) 2>/dev/null && break; sleep 0.02; done"
+    stop = f"{GATEWAY_MOUNT}/{STOP_FILE}"
+    watch = f"(while [ ! -e {stop} ]; do kill -0 $CLI 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL -- -$CLI 2>/dev/null || kill -KILL $CLI) & W=$!"
     body = (
         f"{fwd} {FORWARD_PORT} >/dev/null 2>&1 & FWD=$!; {wait}; cd {workdir}; "
-        f"{profile.command(instruction, effort, max_turns)} </dev/null; rc=$?; kill $FWD 2>/dev/null; exit $rc"
+        f"$(command -v setsid) {profile.command(instruction, effort, max_turns)} </dev/null & CLI=$!; {watch}; "
+        "wait $CLI; rc=$?; kill $FWD $W 2>/dev/null; exit $rc"
     )
     return "bash -c " + shlex.quote(body)
+
+
+async def _stop_when_spent(session: Session, gw_dir: str) -> None:
+    """Once the gateway refuses a call (the episode's token or turn budget is spent), end the CLI, as the
+    emulated loop ends its episode: the file appears in the sandbox's read-only gateway mount."""
+    await session.spent.wait()
+    with open(os.path.join(gw_dir, STOP_FILE), "w"):
+        pass
 
 
 async def run_native_attempt(
@@ -91,7 +111,11 @@ async def run_native_attempt(
         except SetupError as exc:
             return _trajectory(req, task, Status.INVALID, f"task setup failed: {exc}", None, {}, started, 0.0, time.monotonic() - t0, 0.0)
         bound = policy.for_episode(EpisodeContext(req, task, variant, get_harness(profile.emulated), sandbox))
-        session = Session(req.episode_id, bound, tokenizer, sampling=sampling, max_calls=task.limits.max_turns)
+        # the task's turn and token budgets and the effort level's thinking cap, on every call (as the emulated loop)
+        session = Session(
+            req.episode_id, bound, tokenizer, sampling=sampling, max_calls=task.limits.max_turns,
+            max_tokens=task.limits.max_tokens, thinking_budget=req.thinking_budget,
+        )
         server = GatewayServer(session, uds=os.path.join(gw_dir, GATEWAY_SOCKET))
         await server.start()
         token = secrets.token_hex(16)
@@ -100,17 +124,21 @@ async def run_native_attempt(
         cmd = _native_command(profile, variant.instruction, req.effort, task.limits.max_turns, spec.workdir)
         sandbox_s = time.monotonic() - t0
         t1 = time.monotonic()
-        result = await host.blocking(
-            lambda: sandbox.exec(cmd, timeout=float(task.limits.wall_time_s) + NATIVE_GRACE_S, env=profile.env(token))
-        )
+        stopper = asyncio.ensure_future(_stop_when_spent(session, gw_dir))
+        try:
+            result = await host.blocking(
+                lambda: sandbox.exec(cmd, timeout=float(task.limits.wall_time_s) + NATIVE_GRACE_S, env=profile.env(token))
+            )
+        finally:
+            stopper.cancel()
         cli_s = time.monotonic() - t1
         await server.stop()
         server = None
         answer = profile.final_message(result.stdout)
         if result.timed_out:
             status, error = Status.TIMEOUT, ""
-        elif session.refused:
-            status, error = Status.TRUNCATED, ""
+        elif session.refused or session.completion_tokens >= task.limits.max_tokens:
+            status, error = Status.TRUNCATED, ""  # a budget spent (the emulated loop's truncated)
         elif not session.calls:
             status = Status.ERROR
             error = f"the CLI made no model call (exit {result.exit_code}): {(result.stdout + result.stderr)[-1500:]}"

@@ -112,6 +112,8 @@ class Session:
         sampling: SamplingParams = SamplingParams(),
         effort_budgets: Mapping[str, int] | None = None,
         max_calls: int | None = None,
+        max_tokens: int | None = None,
+        thinking_budget: int | None = None,
     ) -> None:
         self.id = session_id
         self.policy = policy
@@ -119,6 +121,13 @@ class Session:
         self.sampling = sampling
         self.effort_budgets = dict(effort_budgets or {})
         self.max_calls = max_calls
+        # The episode's budgets, applied to every call as the emulated loop applies them: ``max_tokens`` completion
+        # tokens over all calls (each call capped at what is left; none sampled once spent), ``thinking_budget``
+        # the effort level's cap on thinking per call (it wins over ``effort_budgets``, read from the CLI's request).
+        self.max_tokens = max_tokens
+        self.thinking_budget = thinking_budget
+        self.completion_tokens = 0
+        self.spent = asyncio.Event()  # set at the first refused call: the episode's budget is spent, the CLI may be ended
         self.threads: list[_Thread] = []
         self.calls: list[CallRecord] = []
         self.breaks: list[HistoryBreak] = []
@@ -154,7 +163,12 @@ class Session:
             self.tool_lists.append(conv.tools)
             if self.max_calls is not None and len(self.calls) >= self.max_calls:
                 self.refused += 1
+                self.spent.set()
                 raise BudgetSpent(f"session {self.id}: the turn budget of {self.max_calls} model calls is spent")
+            if self.max_tokens is not None and self.completion_tokens >= self.max_tokens:
+                self.refused += 1
+                self.spent.set()
+                raise BudgetSpent(f"session {self.id}: the token budget of {self.max_tokens} completion tokens is spent")
             thread = self._thread_for(conv)
             return await self._sample(conv, thread)
 
@@ -223,14 +237,16 @@ class Session:
         renderer = thread.renderer
         prompt_ids = renderer.prompt_ids()
         s = self.sampling
-        sampling = replace(
-            s,
-            max_new_tokens=min(s.max_new_tokens, conv.max_tokens or s.max_new_tokens),
-            temperature=s.temperature if conv.temperature is None else conv.temperature,
-            top_p=s.top_p if conv.top_p is None else conv.top_p,
-            stop=tuple(s.stop) + conv.stop,
-        )
-        budget = ThinkingBudget(self.effort_budgets[conv.effort]) if conv.effort in self.effort_budgets else None
+        # The episode's sampling, as the emulated loop's: the CLI may lower the cap and add stop strings, never
+        # change the temperature or top_p the logprobs are taken at (the learner trains at the episode's own).
+        cap = min(s.max_new_tokens, conv.max_tokens or s.max_new_tokens)
+        if self.max_tokens is not None:
+            cap = min(cap, self.max_tokens - self.completion_tokens)
+        sampling = replace(s, max_new_tokens=cap, stop=tuple(s.stop) + conv.stop)
+        if self.thinking_budget is not None:
+            budget: ThinkingBudget | None = ThinkingBudget(self.thinking_budget)
+        else:
+            budget = ThinkingBudget(self.effort_budgets[conv.effort]) if conv.effort in self.effort_budgets else None
         t0 = time.monotonic()
         thread.last_prompt = [dict(m) for m in conv.messages]
         gen: Generation = await self.policy.generate(Prompt(tuple(prompt_ids), tuple(conv.messages), tuple(conv.tools)), sampling, budget)
@@ -240,6 +256,7 @@ class Session:
         else:  # a text policy (scripted, a server without ids): its text is its action
             ids = list(self.tok.encode(gen.text, add_special_tokens=False)) + [renderer.eot_id]
             lps, mask = [0.0] * len(ids), [1] * len(ids)
+        self.completion_tokens += len(ids)
         reply, assistant, malformed = self._reply(conv, gen, len(prompt_ids), len(ids))
         sample, at = renderer.current, len(renderer.current.ids)
         renderer.add_completion(ids, assistant, lps)

@@ -32,6 +32,9 @@ The oracle of a native episode (``NativeOraclePolicy``: the same oracle script a
 the program's own shell tool call, then a text answer) and a policy that does
 nothing there (``NativeDoNothingPolicy``) live here too, beside the helpers every
 oracle uses (``oracle_command``, ``answer_from_observation``, ``message_text``).
+``ScriptedPolicy`` plays a native episode (``native:codex``, ...) as the native
+oracle does, in that program's own tools (Codex has no ``shell`` tool, for one);
+the effort styles are not written there.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from typing import Any
 
 from agentenv.intents import Intent
 from rollout.attempt import EpisodeContext
+from rollout.harnesses import is_native_harness
 from rollout.harnesses.base import BaseHarness
 from rollout.harnesses.native import native_profile
 from rollout.policy.types import FinishReason, Generation, Policy, PolicyError, Prompt, SamplingParams, ThinkingBudget
@@ -116,7 +120,10 @@ class ScriptedPolicy(Policy):
         return self._version
 
     def for_episode(self, ctx: EpisodeContext) -> Policy:
-        """The per-episode policy that knows the task, the variant and the harness."""
+        """The per-episode policy that knows the task, the variant and the harness: for a native program
+        (``native:codex``, ...) the native oracle, which speaks that program's own tools."""
+        if is_native_harness(ctx.request.harness):
+            return _NativeOracleReplay(self, ctx)
         return _OracleReplay(self, ctx)
 
     async def generate(self, prompt: Prompt, sampling: SamplingParams, budget: ThinkingBudget | None = None) -> Generation:
@@ -209,8 +216,11 @@ class NativeOraclePolicy(Policy):
 
 
 class _NativeOracleReplay(Policy):
-    def __init__(self, parent: NativeOraclePolicy, ctx: EpisodeContext) -> None:
+    """One native episode of ``NativeOraclePolicy`` (or of ``ScriptedPolicy``, which explores nothing)."""
+
+    def __init__(self, parent: NativeOraclePolicy | ScriptedPolicy, ctx: EpisodeContext) -> None:
         self.name, self._parent, self._ctx, self._turn = parent.name, parent, ctx, 0
+        self._explore = getattr(parent, "explore", 0)
 
     @property
     def version(self) -> int:
@@ -222,7 +232,7 @@ class _NativeOracleReplay(Policy):
         tools = {t.get("function", {}).get("name") for t in prompt.tools}
         if profile.shell_tool[0] not in tools:  # a side call (title, summary) without tools: answer briefly
             return Generation("Task", (), (), FinishReason.STOP, self.version)
-        explore = min(self._parent.explore, max(ctx.task.limits.max_turns - 2, 0))  # the oracle and the answer still fit
+        explore = min(self._explore, max(ctx.task.limits.max_turns - 2, 0))  # the oracle and the answer still fit
         if self._turn < explore:
             name, arg = profile.shell_tool
             text = f"<tool_call>\n{json.dumps({'name': name, 'arguments': {arg: f'ls -la # look {self._turn}'}})}\n</tool_call>"
