@@ -136,6 +136,7 @@ class FileCheck(BaseModel):
     path: str
     exists: bool = True
     contains: list[str] = Field(default_factory=list)
+    excludes: list[str] = Field(default_factory=list, description="text that must not be in the file")
     equals: str | None = None
     json_equals: Any = None
     csv_equals: list[list[str]] | None = None
@@ -169,8 +170,27 @@ class ExitCodeVerifierSpec(_VerifierBase):
     timeout_s: float = Field(default=60.0, gt=0)
 
 
+class CallsVerifierSpec(_VerifierBase):
+    """The agent's functions called in a fresh sandbox process per check; plain data compared on the host.
+
+    The checks (targets, arguments, expected values) are in ``file``, a Jinja template over the
+    variant's parameters in the task folder, read on the host and never copied into a sandbox.
+    See ``agentenv.verifiers.calls`` for the format and what it protects.
+    """
+
+    type: Literal["calls"] = "calls"
+    file: str = Field(default="grading/calls.yaml", description="checks file, relative to the task folder; host only")
+    timeout_s: float = Field(default=20.0, gt=0, description="deadline of each check's process")
+    partial_credit: bool = False
+
+
 VerifierSpec = Annotated[
-    UnitTestsVerifierSpec | DbStateVerifierSpec | FilesVerifierSpec | AnswerVerifierSpec | ExitCodeVerifierSpec,
+    UnitTestsVerifierSpec
+    | DbStateVerifierSpec
+    | FilesVerifierSpec
+    | AnswerVerifierSpec
+    | ExitCodeVerifierSpec
+    | CallsVerifierSpec,
     Field(discriminator="type"),
 ]
 
