@@ -93,6 +93,13 @@ class UnitTestsVerifierSpec(_VerifierBase):
     """Hidden pytest files (under the task's ``tests/``) run in the grading sandbox."""
 
     type: Literal["unit_tests"] = "unit_tests"
+    in_process: Literal[True] = Field(
+        default=True,
+        description="the declaration this mode makes: the agent's code is imported into the pytest process that "
+        "records the verdict (a repository's own test suite, SWE-style). Per-run canaries, source-only imports and "
+        "the tampering scan guard it; what stays possible is in docs/sandboxes.md. For checks that can call the "
+        "agent's functions from outside its process, use type: calls",
+    )
     fail_to_pass: list[str] = Field(default_factory=list, description="test ids that must pass (pytest node ids or names)")
     pass_to_pass: list[str] = Field(default_factory=list, description="test ids that must keep passing")
     command: str | None = Field(default=None, description="override; default runs pytest on the hidden tests")

@@ -21,7 +21,8 @@ from agentenv.types import Episode
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 BUILTIN = Path(builtin_pkg.__path__[0])
-FIX_BUG = FolderTask.load(BUILTIN / "coding" / "fix_bug")
+#: coding/fix_bug as graded in-process by hidden pytest tests (the built-in one now grades through ``calls``).
+FIX_BUG = FolderTask.load(Path(__file__).parents[2] / "adversarial" / "tasks" / "fix_bug_pytest")
 REPORT = FolderTask.load(BUILTIN / "agent" / "report_from_records")
 
 REWRITE_JUNIT = '''

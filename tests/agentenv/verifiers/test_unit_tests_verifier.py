@@ -96,7 +96,7 @@ def test_printing_passed_onto_the_stream_is_caught() -> None:
 
 
 def test_an_atexit_hook_rewriting_the_junit_report_to_all_pass_is_caught() -> None:
-    cheat = FakePytest(("test_a", "failed"), ("test_b", "passed"), junit=junit_xml(("test_a", "passed"), ("test_b", "passed")),
+    cheat = FakePytest(("test_a", "failed"), ("test_b", "passed"), junit=(("test_a", "passed"), ("test_b", "passed")),
                        exit_code=None)
     result, _ = run(cheat)
     assert agent_invalid(result) and "disagrees with the streamed outcomes" in result.reason
