@@ -10,8 +10,8 @@ What it does, in order, before any of the agent's code runs:
 * keeps a private copy of its stdout for the one result line and points fd 1 at fd 2, so
   whatever the agent's code prints (``print``, ``os.write(1, ...)``, a child) never lands
   on the result channel by accident;
-* imports from source only: ``sys.dont_write_bytecode``, an empty private
-  ``sys.pycache_prefix`` (so a ``__pycache__/*.pyc`` next to a source is never read) and a
+* imports from source only: ``sys.dont_write_bytecode``, a ``sys.pycache_prefix``
+  that can never be a directory (so a ``__pycache__/*.pyc`` next to a source is never read) and a
   path hook without the sourceless ``.pyc`` loader;
 * puts the workdir first on ``sys.path`` (``-I`` left out the cwd and every ``PYTHON*``).
 
@@ -37,7 +37,6 @@ import io
 import json
 import os
 import sys
-import tempfile
 
 _type, _str, _len, _isinstance = type, str, len, isinstance
 MAX_NODES = 100000
@@ -152,7 +151,7 @@ def main():
     result_fd = os.dup(1)  # not inherited across exec; fd 1 now goes to stderr
     os.dup2(2, 1)
     sys.dont_write_bytecode = True
-    sys.pycache_prefix = tempfile.mkdtemp(prefix="agentenv-nocache-")
+    sys.pycache_prefix = "/dev/null/nocache"  # never a directory: no cache is read, none written
     source_only = importlib.machinery.FileFinder.path_hook(
         (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
         (importlib.machinery.SourceFileLoader, importlib.machinery.SOURCE_SUFFIXES),

@@ -118,12 +118,11 @@ PLUGIN = "agentenv_stream"
 TOOLS = {f"{PLUGIN}.py": _HERE / "pytest_stream.py", "agentenv_preflight.py": _HERE / "preflight.py"}
 #: pytest's built-in plugins that read state a workspace could plant or reach outside; never needed.
 BLOCKED_PLUGINS = ("cacheprovider", "stepwise", "pastebin")
-#: pytest's boot: imports from source only (no ``__pycache__`` read, since caches live under an empty private
-#: prefix; no sourceless ``.pyc`` loader on the path hooks), then pytest. The scanner reads the sources, so
+#: pytest's boot: imports from source only (no ``__pycache__`` read, since caches live under a prefix that
+#: can never be a directory; no sourceless ``.pyc`` loader on the path hooks), then pytest. The scanner reads the sources, so
 #: the code that runs is the code it read.
 _BOOT = (
-    "import sys, tempfile, importlib.machinery as m; sys.dont_write_bytecode = True; "
-    "sys.pycache_prefix = tempfile.mkdtemp(prefix='agentenv-nocache-'); "
+    "import sys, importlib.machinery as m; sys.dont_write_bytecode = True; sys.pycache_prefix = '/dev/null/nocache'; "
     "sys.path_hooks[:] = [h for h in sys.path_hooks if 'FileFinder' not in repr(h)] + [m.FileFinder.path_hook("
     "(m.ExtensionFileLoader, m.EXTENSION_SUFFIXES), (m.SourceFileLoader, m.SOURCE_SUFFIXES))]; "
     "sys.path_importer_cache.clear(); "
