@@ -61,7 +61,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -359,7 +358,7 @@ class CallsVerifier(BaseVerifier):
             ["python3", "-I", "-B", "-c", PROBE_SOURCE, episode.workdir],
             timeout=self.spec.timeout_s,
             cwd=episode.workdir,
-            env={"PYTHONDONTWRITEBYTECODE": "1", "AGENTENV_CHECK": secrets.token_hex(4)},
+            env={"PYTHONDONTWRITEBYTECODE": "1"},
             stdin=request,
         )
         tail = result.stderr.strip()[-200:]

@@ -135,9 +135,10 @@ def test_in_process_mode_closes_what_it_can(backend: Any, attack_id: str) -> Non
         sandbox.close()
 
 
-def test_in_process_mode_canary_catches_a_pass_forced_past_every_scan(backend: Any) -> None:
+def test_in_process_mode_catches_a_pass_forced_with_the_scan_off(backend: Any) -> None:
     """With the scan off, code that makes every failure a pass (hex-encoded, so nothing reads as pytest)
-    is still caught: the run's fail-canary passes."""
+    is still caught at run time: by the integrity check, and, had it slipped past that, by the
+    fail-canary passing (shown on its own in test_unit_tests_verifier.py)."""
     from agentenv.types import UnitTestsVerifierSpec
     from agentenv.verifiers import build_verifier
 
@@ -148,7 +149,7 @@ def test_in_process_mode_canary_catches_a_pass_forced_past_every_scan(backend: A
         verifier = build_verifier(UnitTestsVerifierSpec(detect_tampering="off"), task.folder, variant)
         result = verifier.verify(sandbox, Episode(task.id, variant))
         assert_not_paid(result)
-        assert result.invalid and ("canary" in result.reason or "tamper" in result.reason), result
+        assert result.invalid and ("canary" in result.reason or "pytest internals" in result.reason), result
     finally:
         sandbox.close()
 
