@@ -188,6 +188,7 @@ class CallsVerifierSpec(_VerifierBase):
     type: Literal["calls"] = "calls"
     file: str = Field(default="grading/calls.yaml", description="checks file, relative to the task folder; host only")
     timeout_s: float = Field(default=20.0, gt=0, description="deadline of each check's process")
+    budget_s: float = Field(default=120.0, gt=0, description="deadline of all checks together; checks past it fail")
     partial_credit: bool = False
 
 

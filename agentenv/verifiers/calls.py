@@ -14,7 +14,7 @@ agent's code:
   expected return values, exceptions and outputs never do, so code that reads
   the disk, ``/proc`` or its caller at grading time finds nothing to copy.
 * **One fresh process per check** (``call_probe``: ``python3 -I -B``, the
-  sandbox user, the check's deadline, the workdir first on ``sys.path``,
+  sandbox user, the check's deadline (``timeout_s``) within one for all checks (``budget_s``), the workdir first on ``sys.path``,
   source-only imports with no bytecode cache read or written). It imports the
   agent's module, runs the check's steps and prints one line of type-tagged
   JSON: ``None``, ``bool``, ``int``, ``float``, ``str``, ``list``, ``tuple`` and
@@ -61,6 +61,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -343,7 +344,11 @@ class CallsVerifier(BaseVerifier):
         not_run = 0
         for i, check_ in enumerate(checks):
             name = check_.name or f"check{i}"
-            ok, detail, runnable = self._run_check(sandbox, episode, check_)
+            left = self.spec.budget_s - (time.monotonic() - started)
+            if left < 1.0:  # a hang in every check costs the budget once, not timeout_s per check
+                results.append(check(name, False, f"not run: the {self.spec.budget_s:g}s budget of all checks is spent"))
+                continue
+            ok, detail, runnable = self._run_check(sandbox, episode, check_, min(self.spec.timeout_s, left))
             not_run += 0 if runnable else 1
             results.append(check(name, ok, detail))
         if not_run == len(checks):
@@ -351,19 +356,19 @@ class CallsVerifier(BaseVerifier):
                            f"({results[0].detail})", started=started, details=results)
         return score(results, partial_credit=self.spec.partial_credit, started=started)
 
-    def _run_check(self, sandbox: Sandbox, episode: Episode, check_: CallCheck) -> tuple[bool, str, bool]:
+    def _run_check(self, sandbox: Sandbox, episode: Episode, check_: CallCheck, timeout: float) -> tuple[bool, str, bool]:
         """(passed, detail, the process could start)."""
         request = json.dumps(request_of(check_)).encode()
         result = sandbox.exec(
             ["python3", "-I", "-B", "-c", PROBE_SOURCE, episode.workdir],
-            timeout=self.spec.timeout_s,
+            timeout=timeout,
             cwd=episode.workdir,
             env={"PYTHONDONTWRITEBYTECODE": "1"},
             stdin=request,
         )
         tail = result.stderr.strip()[-200:]
         if result.timed_out:
-            return False, f"timed out after {self.spec.timeout_s:g}s", True
+            return False, f"timed out after {timeout:g}s", True
         if result.exit_code in _NOT_RUN and not result.stdout:
             return False, f"exit {result.exit_code}: {tail}", False
         if result.exit_code != 0:

@@ -139,8 +139,19 @@ class Box:
 """
 
 
-def local_probe(workdir: Path, timeout: float = 20.0):  # noqa: ANN201
-    def handler(sb: FakeSandbox, _cmd: str) -> ExecResult:
+class TimedSandbox(FakeSandbox):
+    """Keeps the deadline each exec was given, so the local probe runs under it."""
+
+    last_timeout: float | None = None
+
+    def exec(self, cmd, *, timeout=None, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        self.last_timeout = timeout
+        return super().exec(cmd, timeout=timeout, **kwargs)
+
+
+def local_probe(workdir: Path):  # noqa: ANN201
+    def handler(sb: TimedSandbox, _cmd: str) -> ExecResult:
+        timeout = sb.last_timeout or 20.0
         argv = list(sb.last_argv)
         assert argv[:4] == ["python3", "-I", "-B", "-c"], argv
         argv[0] = sys.executable
@@ -161,7 +172,7 @@ def grade(tmp_path: Path, module: str, checks: str = CHECKS, **spec: object):  #
     work.mkdir()
     (work / "calc.py").write_text(module)
     verifier = build_verifier(CallsVerifierSpec(partial_credit=True, **spec), task, make_variant(a=40), hidden={})
-    return verifier.verify(FakeSandbox({}, handler=local_probe(work)), make_episode(a=40))
+    return verifier.verify(TimedSandbox({}, handler=local_probe(work)), make_episode(a=40))
 
 
 def detail(result, name: str) -> str:  # noqa: ANN001
@@ -247,7 +258,7 @@ def test_a_stale_pyc_is_never_read(tmp_path: Path) -> None:
     (task / "grading" / "calls.yaml").write_text('checks:\n  - {name: add, call: "calc:add", args: [1, 2], returns: 3}\n'
                                                  '  - {name: sneaky, get: "sneaky:add", raises: ModuleNotFoundError}\n')
     verifier = build_verifier(CallsVerifierSpec(), task, make_variant(), hidden={})
-    result = verifier.verify(FakeSandbox({}, handler=local_probe(work)), make_episode())
+    result = verifier.verify(TimedSandbox({}, handler=local_probe(work)), make_episode())
     assert result.reward == 1.0, result
 
 
@@ -275,3 +286,12 @@ def test_the_expected_values_never_reach_the_sandbox(tmp_path: Path) -> None:
     assert b"calc:add" in sent and b"42" not in sent and b"ValueError" not in sent and b"box 3" not in sent
     assert all(PROBE_SOURCE in argv for argv, _, _ in sandbox.execs)  # the fixed probe, the same for every task
     assert not sandbox.files, "nothing is written into the sandbox"
+
+
+def test_hangs_in_every_check_cost_the_budget_once(tmp_path: Path) -> None:
+    import time
+
+    started = time.monotonic()
+    result = grade(tmp_path, "import time\ntime.sleep(30)\n" + HONEST, timeout_s=2, budget_s=3)
+    assert time.monotonic() - started < 8 and result.reward == 0.0 and not result.invalid, result
+    assert "budget" in detail(result, "printed"), result

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-import agentenv.tasks.builtin as builtin_pkg
 from agentenv.grading import grade_episode
 from agentenv.task import FolderTask
 from agentenv.types import Episode, UnitTestsVerifierSpec
