@@ -381,14 +381,12 @@ class CallsVerifier(BaseVerifier):
                 return False, f"step {step} raised {(entries[-1].get('raised') or ['?'])[0]}", True
             if len(entries) != len(reported):
                 raise GarbledResult(f"{len(entries)} results for {len(reported)} reported steps")
-            details = []
             for (index, step), entry in zip(reported, entries, strict=True):
                 if not isinstance(entry, dict) or entry.get("step") != index:
                     raise GarbledResult(f"a result for the wrong step (expected step {index})")
                 ok, detail = judge_step(step, entry)
                 if not ok:
                     return False, f"step {index} ({step.call or step.get}): {detail}", True
-                details.append(detail)
         except GarbledResult as exc:
             return False, f"garbled result: {exc}", True
         return True, "ok", True

@@ -1,7 +1,7 @@
 """Cheats from inside the code under test and from the final state, against real pytest in Docker.
 
-Each case plants what a hostile agent would leave in the workspace of ``coding/fix_bug`` as graded in-process (``tests/adversarial/tasks/fix_bug_pytest``; the
-bug not fixed, so an honest grade is 0) and checks that grading pays nothing, and, where the
+Each case plants what a hostile agent would leave in the workspace of ``coding/fix_bug`` as graded
+in-process (``tests/adversarial/tasks/fix_bug_pytest``; the bug not fixed, so an honest grade is 0) and checks that grading pays nothing, and, where the
 run cannot be read, that the invalid is charged to the agent (counted as a failure, not dropped).
 """
 
