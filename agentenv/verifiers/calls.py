@@ -30,9 +30,11 @@ agent's code:
   times out, exits early (``os._exit`` at import), exits non-zero, writes no
   line, two lines, garbage or a result for the wrong steps fails that check
   (score 0): the oracle's state passes every check (``agentenv check``), so no
-  such outcome can be the grader's. Only a sandbox that cannot run a process
-  at all (``python3`` missing: exit 126/127 with nothing on stdout, for every
-  check of the oracle too) is ``invalid``.
+  such outcome can be the grader's. That holds for a ``python3`` that will not
+  start too (exit 126/127): the agent can bring that about (a ``python3`` of its
+  own earlier on ``PATH``, a broken interpreter file it could write), so it is
+  no way to opt an episode out; an image without ``python3`` fails the oracle
+  in ``agentenv check`` instead.
 
 What the agent's code *can* do inside its check's process is choose the bytes
 of that one result line: the same power as returning a value from the
@@ -80,7 +82,6 @@ MAX_NODES = 100_000
 _INT = re.compile(r"-?[0-9]{1,5000}")
 _FLOAT_HEX = re.compile(r"-?(0x[0-9a-f](\.[0-9a-f]*)?p[+-][0-9]+|inf|nan)")
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
-_NOT_RUN = (126, 127)  # the shell could not start python3: the image's fault, not the agent's
 
 
 class GarbledResult(ValueError):
@@ -341,23 +342,18 @@ class CallsVerifier(BaseVerifier):
     def _verify(self, sandbox: Sandbox, episode: Episode, started: float) -> VerifierResult:
         checks = self.checks()
         results: list[CheckResult] = []
-        not_run = 0
         for i, check_ in enumerate(checks):
             name = check_.name or f"check{i}"
             left = self.spec.budget_s - (time.monotonic() - started)
             if left < 1.0:  # a hang in every check costs the budget once, not timeout_s per check
                 results.append(check(name, False, f"not run: the {self.spec.budget_s:g}s budget of all checks is spent"))
                 continue
-            ok, detail, runnable = self._run_check(sandbox, episode, check_, min(self.spec.timeout_s, left))
-            not_run += 0 if runnable else 1
+            ok, detail = self._run_check(sandbox, episode, check_, min(self.spec.timeout_s, left))
             results.append(check(name, ok, detail))
-        if not_run == len(checks):
-            return invalid(f"{self.name}: python3 could not be started in the grading sandbox for any check "
-                           f"({results[0].detail})", started=started, details=results)
         return score(results, partial_credit=self.spec.partial_credit, started=started)
 
-    def _run_check(self, sandbox: Sandbox, episode: Episode, check_: CallCheck, timeout: float) -> tuple[bool, str, bool]:
-        """(passed, detail, the process could start)."""
+    def _run_check(self, sandbox: Sandbox, episode: Episode, check_: CallCheck, timeout: float) -> tuple[bool, str]:
+        """(passed, detail)."""
         request = json.dumps(request_of(check_)).encode()
         result = sandbox.exec(
             ["python3", "-I", "-B", "-c", PROBE_SOURCE, episode.workdir],
@@ -368,17 +364,15 @@ class CallsVerifier(BaseVerifier):
         )
         tail = result.stderr.strip()[-200:]
         if result.timed_out:
-            return False, f"timed out after {timeout:g}s", True
-        if result.exit_code in _NOT_RUN and not result.stdout:
-            return False, f"exit {result.exit_code}: {tail}", False
+            return False, f"timed out after {timeout:g}s"
         if result.exit_code != 0:
-            return False, f"the check's process exited {result.exit_code} before a result; {tail}", True
+            return False, f"the check's process exited {result.exit_code} before a result; {tail}"
         try:
             entries = parse_result(result.stdout)
             reported = [(i, s) for i, s in enumerate(check_.steps) if s.expects]
             if entries and isinstance(entries[-1], dict) and entries[-1].get("unreported"):
                 step = entries[-1].get("step")
-                return False, f"step {step} raised {(entries[-1].get('raised') or ['?'])[0]}", True
+                return False, f"step {step} raised {(entries[-1].get('raised') or ['?'])[0]}"
             if len(entries) != len(reported):
                 raise GarbledResult(f"{len(entries)} results for {len(reported)} reported steps")
             for (index, step), entry in zip(reported, entries, strict=True):
@@ -386,10 +380,10 @@ class CallsVerifier(BaseVerifier):
                     raise GarbledResult(f"a result for the wrong step (expected step {index})")
                 ok, detail = judge_step(step, entry)
                 if not ok:
-                    return False, f"step {index} ({step.call or step.get}): {detail}", True
+                    return False, f"step {index} ({step.call or step.get}): {detail}"
         except GarbledResult as exc:
-            return False, f"garbled result: {exc}", True
-        return True, "ok", True
+            return False, f"garbled result: {exc}"
+        return True, "ok"
 
 
 __all__ = ["CallCheck", "CallStep", "CallsFile", "CallsVerifier", "GarbledResult", "decode", "load_checks",

@@ -262,14 +262,15 @@ def test_a_stale_pyc_is_never_read(tmp_path: Path) -> None:
     assert result.reward == 1.0, result
 
 
-def test_no_python_anywhere_is_the_graders_invalid(tmp_path: Path) -> None:
+def test_a_python3_that_will_not_start_is_a_failure_not_an_opt_out(tmp_path: Path) -> None:
+    """The agent can make python3 unrunnable (its own earlier on PATH): that must not drop the episode."""
     task = tmp_path / "task"
     (task / "grading").mkdir(parents=True)
     (task / "grading" / "calls.yaml").write_text(CHECKS)
     verifier = build_verifier(CallsVerifierSpec(), task, make_variant(a=1), hidden={})
     sandbox = FakeSandbox({}, handler=lambda sb, cmd: ExecResult(127, "", "python3: not found"))
     result = verifier.verify(sandbox, make_episode(a=1))
-    assert result.invalid and result.invalid_cause == "grader", result
+    assert (result.reward, result.passed, result.invalid) == (0.0, False, False), result
 
 
 def test_the_expected_values_never_reach_the_sandbox(tmp_path: Path) -> None:
