@@ -4,7 +4,7 @@ A broken task must be caught by its author, not by a training run, so every
 problem is reported at once, each as ``file: field.path: what was expected,
 what arrived`` with a "did you mean" hint for near-miss keys and tags::
 
-    tasks/foo/task.yaml: verifiers.0.type: expected one of unit_tests|db_state|files|answer|exit_code, got 'unittest' (did you mean 'unit_tests'?)
+    tasks/foo/task.yaml: verifiers.0.type: expected one of unit_tests|db_state|files|answer|exit_code|calls, got 'unittest' (did you mean 'unit_tests'?)
 
 Besides the schema (``agentenv.types.TaskSpec``) the folder itself is checked:
 the files the spec names exist, and templates only use declared parameters.
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from agentenv.configs import fields_at
 from agentenv.errors import TaskSpecError, did_you_mean
-from agentenv.types import TaskSpec, UnitTestsVerifierSpec
+from agentenv.types import CallsVerifierSpec, TaskSpec, UnitTestsVerifierSpec
 
 SPEC_FILE = "task.yaml"
 
@@ -94,6 +94,13 @@ def check_folder(folder: Path, spec: TaskSpec) -> list[str]:
         field_problems += [f"setup: {p}" for p in undeclared_variables(spec.setup, declared)]
     if any(isinstance(v, UnitTestsVerifierSpec) for v in spec.verifiers) and not (folder / spec.tests).is_dir():
         field_problems.append(f"tests: folder {spec.tests!r} not found in {folder} (a unit_tests verifier runs the hidden tests there)")
+    for i, verifier in enumerate(spec.verifiers):
+        if isinstance(verifier, CallsVerifierSpec):
+            checks_file = folder / verifier.file
+            if not checks_file.is_file():
+                field_problems.append(f"verifiers.{i}.file: checks file {verifier.file!r} not found in {folder}")
+            else:
+                problems += [f"{_shown(checks_file)}: {p}" for p in undeclared_variables(checks_file.read_text(), declared)]
     env = spec.environment
     if env.image and env.dockerfile:
         field_problems.append("environment: give either image or dockerfile, not both")

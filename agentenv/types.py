@@ -29,6 +29,7 @@ from sandboxes.types import Sandbox, SandboxSpec
 
 __all__ = [
     "AnswerVerifierSpec",
+    "CallsVerifierSpec",
     "CheckResult",
     "ChoiceParam",
     "DbStateVerifierSpec",
@@ -122,6 +123,13 @@ class UnitTestsVerifierSpec(_VerifierBase):
     """Hidden pytest files (under the task's ``tests/``) run in the grading sandbox."""
 
     type: Literal["unit_tests"] = "unit_tests"
+    in_process: Literal[True] = Field(
+        default=True,
+        description="the declaration this mode makes: the agent's code is imported into the pytest process that "
+        "records the verdict (a repository's own test suite, SWE-style). Per-run canaries, source-only imports and "
+        "the tampering scan guard it; what stays possible is in docs/sandboxes.md. For checks that can call the "
+        "agent's functions from outside its process, use type: calls",
+    )
     fail_to_pass: list[str] = Field(default_factory=list, description="test ids that must pass (pytest node ids or names)")
     pass_to_pass: list[str] = Field(default_factory=list, description="test ids that must keep passing")
     command: str | None = Field(default=None, description="override; default runs pytest on the hidden tests")
@@ -165,6 +173,7 @@ class FileCheck(BaseModel):
     path: str
     exists: bool = True
     contains: list[str] = Field(default_factory=list)
+    excludes: list[str] = Field(default_factory=list, description="text that must not be in the file")
     equals: str | None = None
     json_equals: Any = None
     csv_equals: list[list[str]] | None = None
@@ -198,8 +207,28 @@ class ExitCodeVerifierSpec(_VerifierBase):
     timeout_s: float = Field(default=60.0, gt=0)
 
 
+class CallsVerifierSpec(_VerifierBase):
+    """The agent's functions called in a fresh sandbox process per check; plain data compared on the host.
+
+    The checks (targets, arguments, expected values) are in ``file``, a Jinja template over the
+    variant's parameters in the task folder, read on the host and never copied into a sandbox.
+    See ``agentenv.verifiers.calls`` for the format and what it protects.
+    """
+
+    type: Literal["calls"] = "calls"
+    file: str = Field(default="grading/calls.yaml", description="checks file, relative to the task folder; host only")
+    timeout_s: float = Field(default=20.0, gt=0, description="deadline of each check's process")
+    budget_s: float = Field(default=120.0, gt=0, description="deadline of all checks together; checks past it fail")
+    partial_credit: bool = False
+
+
 VerifierSpec = Annotated[
-    UnitTestsVerifierSpec | DbStateVerifierSpec | FilesVerifierSpec | AnswerVerifierSpec | ExitCodeVerifierSpec,
+    UnitTestsVerifierSpec
+    | DbStateVerifierSpec
+    | FilesVerifierSpec
+    | AnswerVerifierSpec
+    | ExitCodeVerifierSpec
+    | CallsVerifierSpec,
     Field(discriminator="type"),
 ]
 

@@ -21,6 +21,7 @@ from typing import Any
 from agentenv.errors import TaskSpecError, did_you_mean
 from agentenv.types import Episode, Task, Variant, Verifier, VerifierResult, VerifierSpec
 from agentenv.verifiers.answer import AnswerVerifier
+from agentenv.verifiers.calls import CallsVerifier
 from agentenv.verifiers.common import VerifierContext, read_hidden
 from agentenv.verifiers.composite import CompositeVerifier, Weighted
 from agentenv.verifiers.db_state import DbStateVerifier
@@ -38,6 +39,7 @@ BUILDERS: dict[str, Builder] = {
     "files": FilesVerifier,
     "answer": AnswerVerifier,
     "exit_code": ExitCodeVerifier,
+    "calls": CallsVerifier,
 }
 
 

@@ -1,4 +1,4 @@
-"""File checks: exists (or must not), contains, equals, JSON / CSV equality with tolerance.
+"""File checks: exists (or must not), contains, excludes, equals, JSON / CSV equality with tolerance.
 
 Expected strings are Jinja templates over the variant's parameters (and
 ``seed``), so one ``task.yaml`` serves every variant. ``match_oracle`` compares
@@ -48,6 +48,9 @@ class FilesVerifier(BaseVerifier):
         for needle in fc.contains:
             wanted = self.ctx.render(needle, f"{where}.contains")
             out.append(check(f"{path} contains {wanted!r}", wanted in text))
+        for needle in fc.excludes:
+            unwanted = self.ctx.render(needle, f"{where}.excludes")
+            out.append(check(f"{path} excludes {unwanted!r}", unwanted not in text))
         if fc.equals is not None:
             wanted = self.ctx.render(fc.equals, f"{where}.equals")
             out.append(check(f"{path} equals", text.strip() == wanted.strip(), f"got {text[:80]!r}"))

@@ -39,7 +39,7 @@ import sys
 
 _HOOK_PREFIXES = ("sitecustomize", "usercustomize")
 _RUNNER_PACKAGES = ("pytest", "_pytest", "pluggy")
-_SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "dist-packages"}
+_SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "dist-packages"}  # for the conftest listing only
 MAX_FILES = 3000
 MAX_FILE_BYTES = 1 << 20
 MAX_FINDINGS = 50
@@ -285,39 +285,66 @@ class _Scanner(ast.NodeVisitor):
                     break
 
 
-def scan_source(source: str, path: str = "<string>") -> list[dict[str, object]]:
-    """Findings (``path``, ``line``, ``what``, ``strength``, ``why``) in one Python file; [] when it does not parse."""
+def scan_source(source: str | bytes, path: str = "<string>") -> list[dict[str, object]]:
+    """Findings (``path``, ``line``, ``what``, ``strength``, ``why``) in one Python file; [] when it does not parse.
+
+    Bytes are parsed as the import system decodes them (a ``# coding:`` cookie honoured), so a file
+    whose code only appears under its declared codec is scanned as that code.
+    """
     try:
         tree = ast.parse(source, filename=path)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, LookupError, UnicodeDecodeError):
         return []
     scanner = _Scanner(path, is_test_file(path))
     scanner.visit(tree)
     return scanner.found
 
 
+def _unscanned(path: str, why: str) -> dict[str, object]:
+    return {"path": path, "line": 0, "what": "unscanned", "strength": STRONG, "why": why}
+
+
+#: Files Python can import that carry no source for the scan: never trusted as unseen.
+_OPAQUE_SUFFIXES = (".so", ".pyd")
+
+
 def scan_tree(workdir: str) -> dict[str, object]:
+    """Scan every Python source of the workspace; what cannot be scanned is itself a strong finding.
+
+    Nothing is left out quietly: every directory is walked (hidden ones and ``site-packages`` too:
+    the workspace is on ``sys.path``); a source over ``MAX_FILE_BYTES``, the files past
+    ``MAX_FILES``, and native extension modules (``.so``, ``.pyd``: code with no source) are
+    findings, not skips. Bytecode (``.pyc``) needs none: grading imports from source only.
+    """
     findings: list[dict[str, object]] = []
     files = 0
     truncated = False
     for top, dirs, names in os.walk(workdir):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
+        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", ".git"))
         for name in sorted(names):
+            path = os.path.join(top, name)
+            rel = os.path.relpath(path, workdir)
+            if name.endswith(_OPAQUE_SUFFIXES):
+                findings.append(_unscanned(rel, "a native extension module: importable code the scan cannot read"))
+                continue
             if not name.endswith(".py"):
                 continue
-            path = os.path.join(top, name)
             files += 1
             if files > MAX_FILES:
                 truncated = True
+                findings.append(_unscanned(rel, f"more than {MAX_FILES} Python files: the rest are not scanned"))
                 break
             try:
-                if not os.path.isfile(path) or os.path.getsize(path) > MAX_FILE_BYTES:
+                if not os.path.isfile(path):
+                    continue
+                if os.path.getsize(path) > MAX_FILE_BYTES:
+                    findings.append(_unscanned(rel, f"over {MAX_FILE_BYTES} bytes: not scanned"))
                     continue
                 with open(path, "rb") as handle:
-                    text = handle.read().decode("utf-8", "replace")
+                    data = handle.read(MAX_FILE_BYTES + 1)
             except OSError:
                 continue
-            findings.extend(scan_source(text, os.path.relpath(path, workdir)))
+            findings.extend(scan_source(data, rel))
         if truncated:
             break
     findings.sort(key=lambda f: f["strength"] != STRONG)  # stable: strong ones first, each group in file order

@@ -87,8 +87,10 @@ the JUnit XML and exit code only).
 
 from __future__ import annotations
 
+import re
 import secrets
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +118,16 @@ PLUGIN = "agentenv_stream"
 TOOLS = {f"{PLUGIN}.py": _HERE / "pytest_stream.py", "agentenv_preflight.py": _HERE / "preflight.py"}
 #: pytest's built-in plugins that read state a workspace could plant or reach outside; never needed.
 BLOCKED_PLUGINS = ("cacheprovider", "stepwise", "pastebin")
-#: How the grading process starts pytest: the tools folder first on sys.path (the argument it pops), then pytest.main.
-PYTEST_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); import pytest; raise SystemExit(pytest.main())"
+#: pytest's boot: imports from source only (no ``__pycache__`` read, since caches live under a prefix that
+#: can never be a directory; no sourceless ``.pyc`` loader on the path hooks), then pytest. The scanner reads the sources, so
+#: the code that runs is the code it read.
+PYTEST_BOOT = (
+    "import sys, importlib.machinery as m; sys.dont_write_bytecode = True; sys.pycache_prefix = '/dev/null/nocache'; "
+    "sys.path_hooks[:] = [h for h in sys.path_hooks if 'FileFinder' not in repr(h)] + [m.FileFinder.path_hook("
+    "(m.ExtensionFileLoader, m.EXTENSION_SUFFIXES), (m.SourceFileLoader, m.SOURCE_SUFFIXES))]; "
+    "sys.path_importer_cache.clear(); "
+    "sys.path.insert(0, sys.argv.pop(1)); import pytest; raise SystemExit(pytest.main())"
+)
 #: The grading exec: the preflight first (one JSON line on stdout, before anything of the agent runs), then
 #: pytest with fd 3 = the exec's stdout (the stream) and its own stdout/stderr sent to a log file.
 WRAPPER = (
@@ -131,6 +141,47 @@ WRAPPER = (
 )
 # pytest exit codes (ExitCode) for the custom-command path: 0 ok, 1 tests failed, 2 interrupted.
 _DECIDED_WITH_FAILURES = {1}
+
+
+@dataclass(frozen=True)
+class Canaries:
+    """Two tests added to a hidden test module for one run: one must fail, one must pass, whatever the agent wrote.
+
+    Their names are drawn per run (a real test's name plus a random suffix) and their bodies use
+    no code of the agent's, so a run where the fail-canary passes (every failure forced to a pass,
+    a forged stream or report) or the pass-canary does not pass (the run was cut short, everything
+    forced to fail or skip) tells that the run itself was steered: the agent's failure, reward 0.
+    """
+
+    module: str
+    fail: str
+    passing: str
+
+    @classmethod
+    def draw(cls, hidden: dict[str, bytes]) -> Canaries | None:
+        modules = sorted(rel for rel in hidden if rel.endswith(".py") and Path(rel).name.startswith("test"))
+        if not modules:
+            return None
+        names = re.findall(rb"^def (test_\w+)\(", hidden[modules[0]], flags=re.M) or [b"test_case"]
+        stem = secrets.choice(names).decode()
+        return cls(modules[0], f"{stem}_{secrets.token_hex(3)}", f"{stem}_{secrets.token_hex(3)}")
+
+    def source(self) -> bytes:
+        a, b = secrets.randbelow(10**6), secrets.randbelow(10**6) + 1
+        return (f"\n\ndef {self.fail}():\n    assert {a} == {a + b}\n"
+                f"\n\ndef {self.passing}():\n    assert {a} == {a}\n").encode()
+
+    def problem(self, cases: list[TestCase]) -> str | None:
+        fail = [c.status for c in cases if c.name == self.fail]
+        passing = [c.status for c in cases if c.name == self.passing]
+        if fail != ["failed"]:
+            return f"the run's fail-canary (a test that cannot pass) came back {fail or 'missing'}: the run was steered"
+        if passing != ["passed"]:
+            return f"the run's pass-canary (a test that cannot fail) came back {passing or 'missing'}: the run was steered"
+        return None
+
+    def without(self, cases: list[TestCase]) -> list[TestCase]:
+        return [c for c in cases if c.name not in (self.fail, self.passing)]
 
 
 def matches(test_id: str, case: TestCase) -> bool:
@@ -180,7 +231,11 @@ class UnitTestsVerifier(BaseVerifier):
             return invalid("the task has no hidden test files to run", started=started)
         staged: list[str] = []
         try:
-            root = stage(sandbox, {f"tests/{rel}": data for rel, data in self.ctx.hidden.items()}, "tests")
+            hidden = dict(self.ctx.hidden)
+            canaries = None if self.spec.command else Canaries.draw(hidden)
+            if canaries is not None:
+                hidden[canaries.module] = hidden[canaries.module] + canaries.source()
+            root = stage(sandbox, {f"tests/{rel}": data for rel, data in hidden.items()}, "tests")
             staged.append(root)
             report_dir = fresh_dir(sandbox, "report")
             staged.append(report_dir)
@@ -189,13 +244,14 @@ class UnitTestsVerifier(BaseVerifier):
                 return self._custom(sandbox, episode, root, f"{report_dir}/{secrets.token_hex(8)}.xml", started)
             tools = stage(sandbox, {name: path.read_bytes() for name, path in TOOLS.items()}, "tools")
             staged.append(tools)
-            return self._streamed(sandbox, episode, root, tools, report_dir, started)
+            return self._streamed(sandbox, episode, root, tools, report_dir, started, canaries)
         finally:
             remove_dirs(sandbox, staged)
 
     # ------------------------------------------------------------ the default: streamed and cross-checked
 
-    def _streamed(self, sandbox: Sandbox, episode: Episode, root: str, tools: str, report_dir: str, started: float) -> VerifierResult:
+    def _streamed(self, sandbox: Sandbox, episode: Episode, root: str, tools: str, report_dir: str, started: float,
+                  canaries: Canaries | None = None) -> VerifierResult:
         nonce = secrets.token_hex(16)
         junit = f"{report_dir}/{secrets.token_hex(8)}.xml"
         log = f"{report_dir}/{secrets.token_hex(8)}.log"
@@ -220,6 +276,12 @@ class UnitTestsVerifier(BaseVerifier):
             extra.update(self._preflight(stream.preflight, episode))
             junit_xml = self._read_report(sandbox, junit)
             cases = outcomes(stream, result.exit_code, junit_xml)
+            if canaries is not None and cases:  # none collected at all: judge() says so
+                steered = canaries.problem(list(cases))
+                if steered:
+                    raise AgentCaused(steered)
+                cases = canaries.without(list(cases))
+                extra["canaries"] = "held"
         except AgentCaused as exc:
             return invalid(f"{exc}{self._log_tail(sandbox, log)}", started=started, cause="agent", extra=extra)
         except VerifierError as exc:

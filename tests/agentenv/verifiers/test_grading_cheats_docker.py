@@ -1,7 +1,7 @@
 """Cheats from inside the code under test and from the final state, against real pytest in Docker.
 
-Each case plants what a hostile agent would leave in the workspace of ``coding/fix_bug`` (the
-bug not fixed, so an honest grade is 0) and checks that grading pays nothing, and, where the
+Each case plants what a hostile agent would leave in the workspace of ``coding/fix_bug`` as graded
+in-process (``tests/adversarial/tasks/fix_bug_pytest``; the bug not fixed, so an honest grade is 0) and checks that grading pays nothing, and, where the
 run cannot be read, that the invalid is charged to the agent (counted as a failure, not dropped).
 """
 
@@ -21,7 +21,8 @@ from agentenv.types import Episode
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 BUILTIN = Path(builtin_pkg.__path__[0])
-FIX_BUG = FolderTask.load(BUILTIN / "coding" / "fix_bug")
+#: coding/fix_bug as graded in-process by hidden pytest tests (the built-in one now grades through ``calls``).
+FIX_BUG = FolderTask.load(Path(__file__).parents[2] / "adversarial" / "tasks" / "fix_bug_pytest")
 REPORT = FolderTask.load(BUILTIN / "agent" / "report_from_records")
 
 REWRITE_JUNIT = '''

@@ -103,3 +103,31 @@ def test_the_tree_scan_and_the_neutralised_list(tmp_path) -> None:  # noqa: ANN0
     assert report["strong"] == 1 and not report["truncated"]
     names = sorted(p.rsplit("/", 1)[1] for p in neutralised(str(tmp_path)))
     assert names == ["conftest.py", "pyproject.toml", "sitecustomize.py"]
+
+
+def test_nothing_is_left_unscanned_by_size_count_or_place(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """What the scan cannot read is a strong finding, never a quiet skip (issue 26)."""
+    import agentenv.verifiers.preflight as preflight
+
+    (tmp_path / "big.py").write_text("#" + "x" * preflight.MAX_FILE_BYTES + "\n")
+    (tmp_path / "native.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / ".hidden" / "walk.py").write_text("import gc\ngc.get_objects()\n")
+    (tmp_path / "site-packages").mkdir()
+    (tmp_path / "site-packages" / "walk2.py").write_text("import sys\nsys._getframe(1)\n")
+    report = scan_tree(str(tmp_path))
+    found = {(f["path"], f["what"]) for f in report["findings"] if f["strength"] == "strong"}
+    assert ("big.py", "unscanned") in found and ("native.cpython-311-x86_64-linux-gnu.so", "unscanned") in found
+    assert (".hidden/walk.py", "gc.get_objects") in found and ("site-packages/walk2.py", "sys._getframe") in found
+    monkeypatch.setattr(preflight, "MAX_FILES", 3)
+    for i in range(5):
+        (tmp_path / f"m{i}.py").write_text("x = 1\n")
+    report = scan_tree(str(tmp_path))
+    assert report["truncated"] and any("more than 3" in f["why"] for f in report["findings"])
+
+
+def test_a_coding_cookie_is_honoured_so_code_hidden_in_utf7_is_read() -> None:
+    data = b"# -*- coding: utf-7 -*-\n+AGk-mport gc\ngc.get+AF8-objects()\n"  # garbage read as UTF-8
+    assert data.decode("utf-7").endswith("import gc\ngc.get_objects()\n")
+    assert scan_source(data.decode("utf-8"), "x.py") == []  # what the scan saw before: nothing
+    assert [f["what"] for f in scan_source(data, "x.py") if f["strength"] == "strong"] == ["gc.get_objects"]

@@ -8,6 +8,7 @@ whose fault the verifier says it is.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from verifier_fakes import FakePytest, FakeReplay, junit_xml, make_episode, make_variant
@@ -96,7 +97,7 @@ def test_printing_passed_onto_the_stream_is_caught() -> None:
 
 
 def test_an_atexit_hook_rewriting_the_junit_report_to_all_pass_is_caught() -> None:
-    cheat = FakePytest(("test_a", "failed"), ("test_b", "passed"), junit=junit_xml(("test_a", "passed"), ("test_b", "passed")),
+    cheat = FakePytest(("test_a", "failed"), ("test_b", "passed"), junit=(("test_a", "passed"), ("test_b", "passed")),
                        exit_code=None)
     result, _ = run(cheat)
     assert agent_invalid(result) and "disagrees with the streamed outcomes" in result.reason
@@ -340,3 +341,42 @@ def test_parse_stream_wants_the_preflight_first_and_the_start_before_anything() 
 def test_parse_junit_reads_both_root_forms() -> None:
     single = junit_xml(("test_a", "passed")).replace("<testsuites>", "").replace("</testsuites>", "")
     assert parse_junit(single).cases[0].status == "passed"
+
+
+# ---------------------------------------------------------------- the in-process mode's per-run canaries
+
+
+def test_each_run_adds_two_canaries_named_like_a_real_test() -> None:
+    staged: list[bytes] = []
+    fake = FakePytest(("test_a", "passed"))
+
+    def handler(sb: FakeSandbox, cmd: str) -> ExecResult:
+        staged.extend(v for k, v in sb.files.items() if k.endswith("/tests/test_math.py") and sb.last_argv[:2] == ["bash", "-c"])
+        return fake(sb, cmd)
+
+    for _ in range(2):
+        result, _ = run(handler)
+        assert result.reward == 1.0 and result.extra["canaries"] == "held", result
+        assert [c.name for c in result.details] == ["tests.test_math.test_a"]  # the canaries are not judged
+    names = [set(re.findall(rb"^def (test_a_[0-9a-f]{6})\(", text, flags=re.M)) for text in staged]
+    assert len(names) == 2 and all(len(n) == 2 for n in names) and not names[0] & names[1], staged
+    assert all(text.startswith(HIDDEN["test_math.py"]) for text in staged)  # appended to a real hidden module
+
+
+@pytest.mark.parametrize(("bent", "which"), [(("passed", "passed"), "fail-canary"), (("failed", "skipped"), "pass-canary"),
+                                             (("failed", "failed"), "pass-canary")],
+                         ids=["every-failure-forced-to-pass", "skipped", "everything-forced-to-fail"])
+def test_a_run_whose_canaries_come_back_wrong_is_the_agents_failure(bent: tuple[str, str], which: str) -> None:
+    result, _ = run(FakePytest(("test_a", "passed"), canaries=bent))
+    assert agent_invalid(result) and which in result.reason, result
+
+
+def test_the_canaries_hold_without_a_scan_too() -> None:
+    result, _ = run(FakePytest(("test_a", "failed"), canaries=("passed", "passed")), UnitTestsVerifierSpec(detect_tampering="off"))
+    assert agent_invalid(result) and "fail-canary" in result.reason
+
+
+def test_the_boot_imports_from_source_only() -> None:
+    from agentenv.verifiers.unit_tests import PYTEST_BOOT
+
+    assert "sys.pycache_prefix = '/dev/null/nocache'" in PYTEST_BOOT and "SourcelessFileLoader" not in PYTEST_BOOT

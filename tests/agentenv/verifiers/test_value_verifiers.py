@@ -41,6 +41,12 @@ def test_files_exists_contains_equals_with_templates() -> None:
     assert bad.reward == 0.0 and not bad.invalid
 
 
+def test_files_excludes_with_templates() -> None:
+    sb = FakeSandbox({"/workspace/out.txt": b"def order_total(): pass\n"})
+    assert files(FileCheck(path="/workspace/out.txt", excludes=["compute_{{ n }}"]), sandbox=sb, n="total").reward == 1.0
+    assert files(FileCheck(path="/workspace/out.txt", excludes=["order_{{ n }}"]), sandbox=sb, n="total").reward == 0.0
+
+
 def test_missing_file_is_a_decided_zero_and_absent_checks_work() -> None:
     sb = FakeSandbox()
     assert files(FileCheck(path="/nope"), sandbox=sb).reward == 0.0
@@ -119,7 +125,7 @@ def test_exit_code_verifier() -> None:
 
 
 def test_registry_covers_every_kind_and_builds_them() -> None:
-    assert set(BUILDERS) == {"unit_tests", "db_state", "files", "answer", "exit_code"}
+    assert set(BUILDERS) == {"unit_tests", "db_state", "files", "answer", "exit_code", "calls"}
     with pytest.raises(TaskSpecError, match="did you mean"):
         build_verifier(UnitTestsVerifierSpec().model_copy(update={"type": "unit_test"}), None, make_variant())
 

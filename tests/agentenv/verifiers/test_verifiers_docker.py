@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-import agentenv.tasks.builtin as builtin_pkg
 from agentenv.grading import grade_episode
 from agentenv.task import FolderTask
 from agentenv.types import Episode, UnitTestsVerifierSpec
@@ -15,7 +14,8 @@ from agentenv.verifiers import build_verifier
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-TASK = FolderTask.load(Path(builtin_pkg.__path__[0]) / "coding" / "fix_bug")
+#: coding/fix_bug as graded in-process by hidden pytest tests (the built-in one now grades through ``calls``).
+TASK = FolderTask.load(Path(__file__).parents[2] / "adversarial" / "tasks" / "fix_bug_pytest")
 
 CHEATS = {
     "conftest_forces_pass": {

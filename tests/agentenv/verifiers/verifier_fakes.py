@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -56,15 +58,17 @@ class FakePytest:
 
     ``cases`` are (name, status) in ``tests/test_math.py``; status passed | failed | error | skipped.
     The knobs are the cheats and breakages a test wants to show: ``junit`` replaces the report
-    (None: none written), ``exit_code`` the process's exit, ``lines`` is appended to the stream,
+    (None: none written; a tuple of cases: those plus the run's canaries, all passed), ``exit_code`` the process's exit, ``lines`` is appended to the stream,
     ``finish=False`` drops the session-finish line, ``nonce`` forges the tag, ``preflight`` adds
     fields to the preflight report, ``collect`` adds collector outcomes (node id -> failed | skipped).
     """
 
-    def __init__(self, *cases: tuple[str, str], junit: str | None | bool = True, exit_code: int | None = None,
+    def __init__(self, *cases: tuple[str, str], junit: str | tuple[tuple[str, str], ...] | None | bool = True, exit_code: int | None = None,
                  lines: Sequence[str] = (), finish: bool = True, nonce: str | None = None,
                  preflight: Mapping[str, Any] | None = None, collect: Mapping[str, str] | None = None,
-                 timed_out: bool = False, stdout_tail: str = "") -> None:
+                 timed_out: bool = False, stdout_tail: str = "",
+                 canaries: tuple[str, str] | None = ("failed", "passed")) -> None:
+        self.canaries = canaries
         self.cases, self.junit, self.exit_code, self.lines = cases, junit, exit_code, list(lines)
         self.finish, self.nonce, self.preflight = finish, nonce, dict(preflight or {})
         self.collect, self.timed_out, self.stdout_tail = dict(collect or {}), timed_out, stdout_tail
@@ -76,6 +80,15 @@ class FakePytest:
         if argv[:2] != ["bash", "-c"] or len(argv) < 9:
             return ExecResult(0, "", "")
         junit_path = argv[6]
+        staged = sb.files.get(f"{argv[5]}/tests/test_math.py", b"").decode()
+        drawn = re.findall(r"^def (test_\w+)\(\):\n    assert (\d+) == (\d+)$", staged, flags=re.M)
+        canary_cases = []
+        module_skipped = self.collect.get("tests/test_math.py") is not None
+        if self.canaries is not None and not module_skipped:  # the run's canaries, as an honest pytest reports them (or as a cheat bends them)
+            fail = next((n for n, a, b in drawn if a != b), None)
+            passing = next((n for n, a, b in drawn if a == b), None)
+            canary_cases = [(n, o) for n, o in zip((fail, passing), self.canaries) if n]
+        cases = (*self.cases, *canary_cases)
         nonce = self.nonce if self.nonce is not None else (sb.last_stdin or b"").decode().strip()
 
         def line(kind: str, **fields: Any) -> str:
@@ -88,9 +101,9 @@ class FakePytest:
             out.append(line("collect", id=nodeid, outcome=outcome))
             failed += outcome == "failed"
         interrupted = any(o == "failed" for o in self.collect.values())
-        items = 0 if interrupted else len(self.cases)
+        items = 0 if interrupted else len(cases)
         out.append(line("items", n=items))
-        for name, status in ([] if interrupted else self.cases):
+        for name, status in ([] if interrupted else cases):
             nodeid = f"tests/test_math.py::{name}"
             setup = {"error": "failed", "skipped": "skipped"}.get(status, "passed")
             out.append(line("test", id=nodeid, when="setup", outcome=setup, xfail=False))
@@ -103,7 +116,9 @@ class FakePytest:
             out.append(line("finish", exit=honest_exit, collected=items, failed=failed))
         out.extend(self.lines)
         if self.junit is True:
-            sb.files[junit_path] = junit_xml(*self.cases).encode()
+            sb.files[junit_path] = junit_xml(*cases).encode()
+        elif isinstance(self.junit, tuple):  # a rewriter that knows the run's test ids: all of them as passed
+            sb.files[junit_path] = junit_xml(*self.junit, *[(n, "passed") for n, _ in canary_cases]).encode()
         elif isinstance(self.junit, str):
             sb.files[junit_path] = self.junit.encode()
         code = self.exit_code if self.exit_code is not None else honest_exit
