@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             for task_id in TASKS:
                 new, old = FolderTask.load(builtin / task_id), FolderTask.load(olds[task_id])
                 clear_oracle_cache()
-                t_new, t_old = [], []
+                t_new: list[float] = []
+                t_old: list[float] = []
                 for seed in range(args.seeds):
                     for which, task, times in (("old", old, t_old), ("new", new, t_new)):
                         seconds, reward = grade_once(backend, task, seed)

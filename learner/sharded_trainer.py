@@ -33,7 +33,7 @@ from learner.distributed import clip_grad_norm, full_grads, full_state_dict
 from learner.errors import CheckpointNotFound, DistributedError
 from learner.model import PolicyModel
 from learner.publish import WeightPublisher
-from learner.trainer import _CONFIG_FILE, _STATE_FILE, Trainer, TrainerState, _rng_state, _set_rng_state
+from learner.trainer import CONFIG_FILE, STATE_FILE, Trainer, TrainerState, rng_state, set_rng_state
 from learner.types import LossConfig, TrainBatch, TrainerConfig
 
 __all__ = ["DCP_DIR", "ShardedTrainer"]
@@ -154,15 +154,15 @@ class ShardedTrainer(Trainer):
         dist.barrier()
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
-        torch.save(_rng_state(), tmp / "rng" / f"rank{self.rank}.pt")
+        torch.save(rng_state(), tmp / "rng" / f"rank{self.rank}.pt")
         state = self.full_state_dict()
         if self.rank == 0:
             assert state is not None  # noqa: S101 - rank 0 gathers
             self.host_model(state).save(tmp / "model")
             torch.save({"scheduler": self.scheduler.state_dict(), "state": vars(self.state).copy(),
-                        "rng": _rng_state(), "world_size": self.world_size}, tmp / _STATE_FILE)
+                        "rng": rng_state(), "world_size": self.world_size}, tmp / STATE_FILE)
             configs = {"trainer": self.cfg.model_dump(mode="json"), "loss": self.loss_cfg.model_dump(mode="json")}
-            (tmp / _CONFIG_FILE).write_text(json.dumps(configs, indent=2))
+            (tmp / CONFIG_FILE).write_text(json.dumps(configs, indent=2))
         dist.barrier()
         if self.rank == 0:
             shutil.rmtree(final, ignore_errors=True)
@@ -176,20 +176,20 @@ class ShardedTrainer(Trainer):
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         where = Path(path)
-        if not (where / DCP_DIR / ".metadata").is_file() or not (where / _STATE_FILE).is_file():
+        if not (where / DCP_DIR / ".metadata").is_file() or not (where / STATE_FILE).is_file():
             raise CheckpointNotFound(
-                f"ShardedTrainer.load: {str(where)!r} has no {DCP_DIR}/.metadata and {_STATE_FILE}; expected a "
+                f"ShardedTrainer.load: {str(where)!r} has no {DCP_DIR}/.metadata and {STATE_FILE}; expected a "
                 "sharded learner's checkpoint (ShardedTrainer.save)"
             )
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(where / DCP_DIR))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        blob = torch.load(where / _STATE_FILE, map_location="cpu", weights_only=True)
+        blob = torch.load(where / STATE_FILE, map_location="cpu", weights_only=True)
         self.scheduler.load_state_dict(blob["scheduler"])
         self.state = TrainerState(**blob["state"])
         own = where / "rng" / f"rank{self.rank}.pt"
-        _set_rng_state(torch.load(own, weights_only=True) if own.is_file() else blob["rng"])
+        set_rng_state(torch.load(own, weights_only=True) if own.is_file() else blob["rng"])
 
 
 class _Gather:

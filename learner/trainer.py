@@ -47,10 +47,10 @@ from learner.publish import WeightPublisher
 from learner.types import LossConfig, StepMetrics, TrainBatch, TrainerConfig, TrainItem
 from rollout.types import Trajectory
 
-__all__ = ["Trainer", "TrainerState", "lr_factor", "make_deterministic"]
+__all__ = ["CONFIG_FILE", "STATE_FILE", "Trainer", "TrainerState", "lr_factor", "make_deterministic", "rng_state", "set_rng_state"]
 
-_STATE_FILE = "trainer_state.pt"
-_CONFIG_FILE = "trainer_config.json"
+STATE_FILE = "trainer_state.pt"
+CONFIG_FILE = "trainer_config.json"
 
 
 def make_deterministic(threads: int | None = None) -> None:
@@ -92,7 +92,7 @@ class TrainerState:
     data_position: int = 0
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
     np_state: dict[str, Any] = dict(np.random.get_state(legacy=False))  # type: ignore[arg-type]
     np_state["state"] = {"key": np_state["state"]["key"].tolist(), "pos": int(np_state["state"]["pos"])}
     state: dict[str, Any] = {
@@ -105,7 +105,7 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np_state = dict(state["numpy"])
     np_state["state"] = {"key": np.asarray(np_state["state"]["key"], dtype=np.uint32), "pos": np_state["state"]["pos"]}
@@ -315,12 +315,12 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
                 "state": vars(self.state).copy(),
-                "rng": _rng_state(),
+                "rng": rng_state(),
             },
-            tmp / _STATE_FILE,
+            tmp / STATE_FILE,
         )
         configs = {"trainer": self.cfg.model_dump(mode="json"), "loss": self.loss_cfg.model_dump(mode="json")}
-        (tmp / _CONFIG_FILE).write_text(json.dumps(configs, indent=2))
+        (tmp / CONFIG_FILE).write_text(json.dumps(configs, indent=2))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         return final
@@ -328,8 +328,8 @@ class Trainer:
     def load(self, path: str | os.PathLike[str]) -> None:
         """Restore weights, optimizer, scheduler, step, data position and RNG states from ``save(path)``."""
         where = Path(path)
-        if not (where / _STATE_FILE).is_file():
-            raise CheckpointNotFound(f"Trainer.load: {str(where)!r} has no {_STATE_FILE}; expected a Trainer.save dir")
+        if not (where / STATE_FILE).is_file():
+            raise CheckpointNotFound(f"Trainer.load: {str(where)!r} has no {STATE_FILE}; expected a Trainer.save dir")
         shards = sorted((where / "model").glob("*.safetensors"))
         if not shards:
             raise CheckpointNotFound(f"Trainer.load: no *.safetensors in {str(where / 'model')!r}")
@@ -349,14 +349,14 @@ class Trainer:
         missing = sorted(k for k in expected - loaded if not _tied_to_loaded(self.model.lm, k, loaded))
         if missing:
             raise CheckpointMismatch(f"Trainer.load: {str(where / 'model')!r} lacks tensors of this model: {missing[:5]}")
-        blob = torch.load(where / _STATE_FILE, map_location="cpu", weights_only=True)
+        blob = torch.load(where / STATE_FILE, map_location="cpu", weights_only=True)
         if "optimizer" not in blob:
             raise CheckpointMismatch(f"Trainer.load: {str(where)!r} was saved by a sharded learner (world size "
                                      f"{blob.get('world_size')}); set trainer.world_size to load it")
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])
         self.state = TrainerState(**blob["state"])
-        _set_rng_state(blob["rng"])
+        set_rng_state(blob["rng"])
 
     @classmethod
     def resume(
@@ -370,7 +370,7 @@ class Trainer:
     ) -> Trainer:
         """A new trainer continuing exactly where ``save(path)`` left off (configs read from the checkpoint)."""
         where = Path(path)
-        configs = json.loads((where / _CONFIG_FILE).read_text())
+        configs = json.loads((where / CONFIG_FILE).read_text())
         model = PolicyModel.from_pretrained(where / "model", **model_kwargs).to(device)
         trainer = cls(
             model, LossConfig.model_validate(configs["loss"]), TrainerConfig.model_validate(configs["trainer"]),
