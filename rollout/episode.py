@@ -481,6 +481,7 @@ def _result_dict(result: VerifierResult) -> dict[str, Any]:
         "invalid": result.invalid,
         "invalid_cause": result.invalid_cause,  # "agent": counted as a failure; "grader": status invalid, excluded
         "agent_invalid": result.invalid and result.invalid_cause == "agent",
+        "invalid_evidence": result.extra.get("invalid_evidence"),  # why an invalid is the grader's (or not): agentenv.grading
         **{k: result.extra[k] for k in ("tampering", "neutralised") if k in result.extra},
         "reason": result.reason,
         "details": [{"name": d.name, "passed": d.passed, "score": d.score, "detail": d.detail} for d in result.details],
