@@ -78,7 +78,7 @@ _GRADER_LOST = "verifier crashed: SandboxLost"
 #: What a ``policy_error`` says when the endpoint itself failed (``OpenAIPolicy._request``'s reasons, and the
 #: episode runner's own deadline on a policy call); any other policy error is the policy's failure.
 _ENDPOINT_FAULT = re.compile(
-    r"(connection failed|no response within|HTTP (5\d\d|429|408|409)\b|policy timed out|request failed after \d+ attempt\(s\): $)"
+    r"(connection failed|no response within|HTTP (5\d\d|429|408|409)\b|policy timed out)"
 )
 
 
