@@ -237,7 +237,7 @@ class EpisodeRunner:
         tally = _Tally()
         t0 = time.monotonic()
         try:
-            lease = await self._blocking(self.sandboxes.acquire, task, variant)
+            lease = await self.sandboxes.acquire_from(self._threads, task, variant)  # a cancellation here leaks nothing
         except SetupError as exc:
             return self._record(req, task, Status.INVALID, f"task setup failed: {exc}", tally, started)
         except (SandboxError, OSError) as exc:
