@@ -47,6 +47,7 @@ from agentenv.grading import grade_episode
 from agentenv.intent_exec import EpisodeState, IntentExecutor
 from agentenv.intents import Harness, Intent, ParsedTurn, ParseError
 from agentenv.types import Episode, Task, Variant, VerifierResult
+from rollout.eval.types import policy_fault_is_infrastructure
 from rollout.gate import TurnGate
 from rollout.harnesses import get_harness
 from rollout.harnesses.rendering import EpisodeRenderer
@@ -272,6 +273,7 @@ class EpisodeRunner:
         executor = IntentExecutor(sandbox, default_timeout_s=limits.command_timeout_s, state=state)
         deadline = time.monotonic() + limits.wall_time_s
         status: Status | None = None
+        policy_failure = ""  # the policy's own error when it ended the episode (graded as truncated)
         for index in range(limits.max_turns):
             remaining = deadline - time.monotonic()
             budget_left = limits.max_tokens - tally.completion_tokens
@@ -297,6 +299,12 @@ class EpisodeRunner:
             except Exception as exc:  # noqa: BLE001 - PolicyError, or a policy bug: either way the model failed
                 tally.policy_s += time.monotonic() - t0
                 why = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, PolicyError) and not policy_fault_is_infrastructure(why):
+                    # Not the endpoint's fault (a context flood: the prompt the agent's own tool output grew is
+                    # over the model's context): the policy's budget is spent, so it is graded and trained on
+                    # like a truncated episode, never excluded as infrastructure (no opting out).
+                    status, policy_failure = Status.TRUNCATED, why
+                    break
                 return self._record(req, task, Status.POLICY_ERROR, why, tally, started)
             policy_s = time.monotonic() - t0
             tally.policy_s += policy_s
@@ -317,7 +325,7 @@ class EpisodeRunner:
                 tally.renderer.add_observations(observations)
         if status is None:
             status = Status.TIMEOUT if time.monotonic() >= deadline else Status.TRUNCATED
-        return await self._grade(req, task, variant, sandbox, state, status, tally, started)
+        return await self._grade(req, task, variant, sandbox, state, status, tally, started, error=policy_failure)
 
     async def _act(
         self, harness: Harness, parsed: ParsedTurn, executor: IntentExecutor, deadline: float, *, fixed: bool = False
@@ -350,7 +358,7 @@ class EpisodeRunner:
 
     async def _grade(
         self, req: EpisodeRequest, task: Task, variant: Variant, sandbox: Sandbox, state: EpisodeState,
-        status: Status, tally: _Tally, started: float,
+        status: Status, tally: _Tally, started: float, *, error: str = "",
     ) -> Trajectory:
         episode = Episode(task.id, variant, final_answer=state.answer, workdir=sandbox.spec.workdir)
         t0 = time.monotonic()
@@ -370,7 +378,7 @@ class EpisodeRunner:
                 return self._record(req, task, Status.INVALID, result.reason, tally, started, result)
             # The agent's final state made grading impossible (a hang, os._exit, SkipTest, a FIFO where a
             # file is graded): a failure with reward 0 under the episode's own status, flagged, never dropped.
-        return self._record(req, task, status, "", tally, started, result)
+        return self._record(req, task, status, error, tally, started, result)
 
     # ------------------------------------------------------------ helpers
 
