@@ -34,7 +34,8 @@ verifiers or the steps above call the grader's is checked (``_attribute``):
 
 * **a host-side fault**, seen from outside the sandbox: the daemon says the
   sandbox is gone, or the step failed because the daemon could not be reached
-  (``ConnectionError``: ``SandboxLost``, ``DaemonUnavailable``); or
+  (``ConnectionError``: ``SandboxLost``, ``DaemonUnavailable``; never
+  ``SandboxTampered``, a channel the episode itself broke); or
 * **the oracle control**: the same grading (hidden files copied in, the task's
   verifiers, the oracle's final answer) of a fresh sandbox of the same variant
   with the oracle applied is invalid too, or cannot be made at all. Its
@@ -66,7 +67,7 @@ from typing import Any
 
 from agentenv.errors import OracleError
 from agentenv.types import Episode, InvalidCause, Task, Variant, VerifierResult
-from sandboxes.errors import SandboxError, SnapshotTooLarge
+from sandboxes.errors import SandboxError, SandboxTampered, SnapshotTooLarge
 from sandboxes.types import Quiescable, Sandbox, SandboxBackend, SnapshotKind, SnapshotRef, runs_images
 
 PristineFactory = Callable[[], "tuple[Sandbox, Callable[[], None]] | None"]
@@ -224,8 +225,10 @@ _CONTROL_KEY = "grading-control"
 
 def _host_fault(sandbox: Sandbox | None, exc: BaseException | None = None) -> str | None:
     """Evidence from outside the sandbox that the host failed: the daemon unreachable, or the sandbox gone."""
-    if isinstance(exc, ConnectionError):  # SandboxLost, DaemonUnavailable: raised by the host's own call
-        return f"host fault: {type(exc).__name__}: {exc}"
+    if isinstance(exc, ConnectionError) and not isinstance(exc, SandboxTampered):  # SandboxLost, DaemonUnavailable
+        return f"host fault: {type(exc).__name__}: {exc}"  # (a tampered channel is the episode's doing, not the host's)
+    if getattr(sandbox, "compromised", None):
+        return None  # the episode broke its own channel: whatever the daemon says next is no host fault
     alive = getattr(sandbox, "alive", None)
     if sandbox is None or not callable(alive):
         return None

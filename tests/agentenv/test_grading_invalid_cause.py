@@ -217,3 +217,11 @@ def test_a_host_fault_raised_by_the_sandbox_stays_the_graders_without_a_control(
     assert len(task.graded) == 1, "a host fault needs no oracle control"
     crash = UndecidableTask(raises=RuntimeError("a bug the agent's state triggers"))
     assert _grade(crash).invalid_cause == "agent", "a crash the oracle's state does not trigger is the agent's"
+
+
+def test_a_channel_the_episode_tampered_with_is_no_host_fault() -> None:
+    from sandboxes.errors import SandboxTampered
+
+    task = UndecidableTask(raises=SandboxTampered("an answer on the agent channel failed authentication"))
+    result = _grade(task)
+    assert result.invalid and result.invalid_cause == "agent", result
