@@ -4,11 +4,14 @@ Each case is one episode through the rollout's ``EpisodeRunner`` on the Docker
 backend with real grading: the attack (said in the harness's own tool calls)
 leaves a state the grader cannot decide on, on an episode the agent would
 fail anyway (``calc.add`` stays wrong; the database rules are never applied).
-Before issue 26 each of the ``paid`` cases below came back as status
-``invalid`` caused by "the grader" (a pytest usage error, a report that
-cannot be read, a Postgres server that will not start), which the learner
+Before issue 26 each case marked ``paid_before`` came back as status
+``invalid`` caused by "the grader" (the in-sandbox preflight crashed by a
+workspace file, a Postgres server that will not start), which the learner
 drops and an evaluation sweep counts outside its denominator: a free exit
-from a failure. Now an invalid verdict is the grader's only with evidence the
+from a failure (checked on the old ``agentenv/grading.py``). The others
+(pytest exits at import, nothing collected, a garbled or contradicting JUnit
+report, a garbage SQLite file) were already counted as the agent's and stay
+here as regressions of the same rule. Now an invalid verdict is the grader's only with evidence the
 agent could not produce (``agentenv.grading._attribute``: the oracle's own
 final state graded the same way is invalid too, or the daemon reports a host
 fault), so each must come back a graded failure: a trainable status, reward
@@ -54,7 +57,7 @@ class Case:
 CASES = [
     # pytest.exit at import of the code under test: the session finishes, consistently, with exit 4
     Case("pytest_usage_error", UNIT_TASK,
-         [[write("/workspace/calc.py", calc_with("import pytest\npytest.exit('advmark', returncode=4)"))]], True),
+         [[write("/workspace/calc.py", calc_with("import pytest\npytest.exit('advmark', returncode=4)"))]], False),
     # the same, as "interrupted" (exit 2 with nothing collected)
     Case("pytest_interrupted_at_import", UNIT_TASK,
          [[write("/workspace/calc.py", calc_with("import pytest\npytest.exit('advmark', returncode=2)"))]], False),
