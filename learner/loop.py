@@ -567,7 +567,9 @@ class TrainLoop:
         cfg = self.cfg.rl
         # An agent-caused invalid (the agent's code hung the tests, exited, skipped them all) is recorded under
         # the episode's own trainable status with reward 0 and stays in: a failure, not a free pass. Only the
-        # grader's invalids (status ``invalid``) and infrastructure failures are dropped, and counted.
+        # grader's invalids (status ``invalid``, kept only with evidence the agent could not produce: see
+        # agentenv.grading) and infrastructure failures are dropped, and counted; so is a policy_error only
+        # when the endpoint failed (a context flood is a truncated episode, trained on).
         fresh, stale = fresh_for_learner(trajs, self.version, self.cfg.max_lag)
         seen = max((self.version - t.policy_version for t in trajs if t.trainable), default=0)
         graded_invalid = sum(t.status is Status.INVALID for t in trajs)
