@@ -25,10 +25,26 @@
    the sandbox reset is the guarantee; verifiers remove their own staging
    dirs); close every sandbox it made and return the composite result.
 
-An invalid result says whose fault it is (``VerifierResult.invalid_cause``):
-the agent's (hidden paths it made impossible to clear, and whatever the
-verifiers attribute to it) or the grader's (a snapshot or restore that failed,
-a grading crash).
+An invalid result says whose fault it is (``VerifierResult.invalid_cause``),
+and the grader's only with evidence the agent could not produce (no opting
+out: an agent that made its own failing episode undecidable, a pytest usage
+error, nothing collected, a garbled report, a database server it broke, would
+otherwise be excluded from training with no penalty). Every invalid the
+verifiers or the steps above call the grader's is checked (``_attribute``):
+
+* **a host-side fault**, seen from outside the sandbox: the daemon says the
+  sandbox is gone, or the step failed because the daemon could not be reached
+  (``ConnectionError``: ``SandboxLost``, ``DaemonUnavailable``; never
+  ``SandboxTampered``, a channel the episode itself broke); or
+* **the oracle control**: the same grading (hidden files copied in, the task's
+  verifiers, the oracle's final answer) of a fresh sandbox of the same variant
+  with the oracle applied is invalid too, or cannot be made at all. Its
+  *decided* verdict is cached per task content, variant and image (an invalid
+  one never is: it may pass).
+
+Either keeps ``invalid_cause="grader"`` and records ``extra["invalid_evidence"]``;
+without one the invalid is the agent's (reward 0, trained on as a failure) and
+``extra["invalid_evidence"]`` says the oracle's state grades decided.
 
 It never raises for anything the agent did, nor for a verifier crash: those
 are ``invalid`` results with a reason. Usage::
@@ -51,7 +67,7 @@ from typing import Any
 
 from agentenv.errors import OracleError
 from agentenv.types import Episode, InvalidCause, Task, Variant, VerifierResult
-from sandboxes.errors import SandboxError, SnapshotTooLarge
+from sandboxes.errors import SandboxError, SandboxTampered, SnapshotTooLarge
 from sandboxes.types import Quiescable, Sandbox, SandboxBackend, SnapshotKind, SnapshotRef, runs_images
 
 PristineFactory = Callable[[], "tuple[Sandbox, Callable[[], None]] | None"]
@@ -203,6 +219,78 @@ def _invalid(reason: str, started: float, cause: InvalidCause = "grader", **extr
 _UNCLEARABLE = "could not clear hidden paths the agent may have written"
 
 
+#: The oracle control's key in the replay cache (see ``_attribute``).
+_CONTROL_KEY = "grading-control"
+
+
+def _host_fault(sandbox: Sandbox | None, exc: BaseException | None = None) -> str | None:
+    """Evidence from outside the sandbox that the host failed: the daemon unreachable, or the sandbox gone."""
+    if isinstance(exc, ConnectionError) and not isinstance(exc, SandboxTampered):  # SandboxLost, DaemonUnavailable
+        return f"host fault: {type(exc).__name__}: {exc}"  # (a tampered channel is the episode's doing, not the host's)
+    if getattr(sandbox, "compromised", None):
+        return None  # the episode broke its own channel: whatever the daemon says next is no host fault
+    alive = getattr(sandbox, "alive", None)
+    if sandbox is None or not callable(alive):
+        return None
+    try:
+        if not alive():
+            return "host fault: the daemon reports the sandbox gone"
+    except Exception as err:  # noqa: BLE001 - the daemon itself failed to answer
+        return f"host fault: the daemon did not answer: {type(err).__name__}: {err}"
+    return None
+
+
+def _oracle_control(backend: SandboxBackend, task: Task, episode: Episode, pristine: PristineFactory | None) -> str | None:
+    """Grade the oracle's final state as the agent's was graded; None when it is decided, else why not.
+
+    A fresh sandbox of the variant with the oracle applied, the hidden paths
+    cleared and files copied in, the task's verifiers with the oracle's answer.
+    Only a decided verdict is cached (``BackendOracleReplay``); an invalid one,
+    or a control that cannot run, is returned as the reason and tried again next time.
+    """
+    control = BackendOracleReplay(backend, task, episode.variant, pristine=pristine)
+
+    def grade_oracle(sandbox: Sandbox, answer: str | None) -> dict[str, Any]:
+        problem = prepare_grading_sandbox(sandbox, task, episode.variant)
+        if problem:
+            raise OracleUnavailable(f"the oracle's state: {problem}")
+        inner = BackendOracleReplay(backend, task, episode.variant, pristine=pristine)
+        try:
+            result = task.grade(sandbox, Episode(task.id, episode.variant, final_answer=answer, workdir=episode.workdir, oracle=inner))
+        finally:
+            inner.close()
+        if result.invalid:
+            raise OracleUnavailable(f"the oracle's state grades invalid too: {result.reason}")
+        return {"reward": result.reward, "passed": result.passed}
+
+    try:
+        control.compute(_CONTROL_KEY, grade_oracle)
+    except Exception as exc:  # noqa: BLE001 - any failure here is in a sandbox the agent never touched
+        return f"oracle control: {type(exc).__name__}: {exc}"
+    finally:
+        try:
+            control.close()
+        except Exception:  # noqa: BLE001,S110 - closing is best effort
+            pass
+    return None
+
+
+def _attribute(
+    result: VerifierResult, backend: SandboxBackend, task: Task, episode: Episode, pristine: PristineFactory | None,
+    *, sandbox: Sandbox | None, exc: BaseException | None = None,
+) -> VerifierResult:
+    """A grader-caused invalid stays the grader's only with evidence (see the module docstring)."""
+    if not result.invalid or result.invalid_cause == "agent":
+        return result
+    evidence = _host_fault(sandbox, exc) or _oracle_control(backend, task, episode, pristine)
+    if evidence is not None:
+        return replace(result, extra={**dict(result.extra), "invalid_evidence": evidence})
+    return replace(
+        result, invalid_cause="agent", reason=f"{result.reason} (the oracle's final state grades decided: the agent's state is to blame)",
+        extra={**dict(result.extra), "invalid_evidence": "the oracle's final state grades decided; no host fault"},
+    )
+
+
 def remove_hidden(sandbox: Sandbox, task: Task) -> None:
     """Best effort: delete the hidden paths grading copied in (after grading in place)."""
     hidden = [p for p in task.hidden_paths() if p.startswith("/") and p.rstrip("/")]
@@ -270,27 +358,37 @@ def grade_episode(
         except Exception as exc:  # noqa: BLE001 - a lost sandbox is an episode that cannot be graded
             # A state too large to snapshot (a 20 GB sparse file) is the agent's doing; anything else the grader's.
             cause: InvalidCause = "agent" if isinstance(exc, SnapshotTooLarge) else "grader"
-            return _invalid(f"cannot snapshot the agent's sandbox: {type(exc).__name__}: {exc}", started, cause, **extra)
+            failed = _invalid(f"cannot snapshot the agent's sandbox: {type(exc).__name__}: {exc}", started, cause, **extra)
+            return _attribute(failed, backend, task, episode, pristine, sandbox=agent_sandbox, exc=exc)
         timings["snapshot_s"] = time.monotonic() - t0
         try:
             grading = (restore or backend.restore)(ref)
         except Exception as exc:  # noqa: BLE001
-            return _invalid(f"cannot restore the agent's state for grading: {type(exc).__name__}: {exc}", started, **extra)
+            failed = _invalid(f"cannot restore the agent's state for grading: {type(exc).__name__}: {exc}", started, **extra)
+            return _attribute(failed, backend, task, episode, pristine, sandbox=agent_sandbox, exc=exc)
         timings["restore_s"] = time.monotonic() - t0 - timings["snapshot_s"]
     replay = BackendOracleReplay(backend, task, episode.variant, pristine=pristine)
     try:
+        failure: BaseException | None = None
         try:
             problem = prepare_grading_sandbox(grading, task, episode.variant)
         except Exception as exc:  # noqa: BLE001
-            problem = f"cannot copy hidden files into the grading sandbox: {type(exc).__name__}: {exc}"
+            problem, failure = f"cannot copy hidden files into the grading sandbox: {type(exc).__name__}: {exc}", exc
         if problem:
-            return _invalid(problem, started, "agent" if problem.startswith(_UNCLEARABLE) else "grader", **extra)
+            failed = _invalid(problem, started, "agent" if problem.startswith(_UNCLEARABLE) else "grader", **extra)
+            return _attribute(failed, backend, task, episode, pristine, sandbox=grading, exc=failure)
         verify_started = time.monotonic()
         try:
             result = task.grade(grading, replace(episode, oracle=replay))
         except Exception as exc:  # noqa: BLE001
-            return _invalid(f"{task.id}: grading raised {type(exc).__name__}: {exc}", started, **extra)
+            failed = _invalid(f"{task.id}: grading raised {type(exc).__name__}: {exc}", started, **extra)
+            return _attribute(failed, backend, task, episode, pristine, sandbox=grading, exc=exc)
         timings["verify_s"] = time.monotonic() - verify_started
+        if result.invalid and result.invalid_cause != "agent":
+            replay.close()  # the control below may want a pristine copy from the same pool
+            t0 = time.monotonic()
+            result = _attribute(result, backend, task, episode, pristine, sandbox=grading)
+            timings["attribute_s"] = time.monotonic() - t0
         return replace(result, duration_s=time.monotonic() - started, extra={**dict(result.extra), **extra})
     finally:
         closers: list[Callable[[], None]] = [replay.close]

@@ -31,7 +31,13 @@ K = ``rollout.staleness.max_lag`` is in iterations:
 
 Where the learner reads, every batch is checked: a trajectory whose oldest turn
 is more than K versions behind is dropped (counted), and a stale one reaching
-the trainer raises ``StalenessError``. After every ``checkpoint.every``
+the trainer raises ``StalenessError``. The check (``check_trained``) is made on
+what the trainer is given, not on the filtered list: every training item is
+traced by its ``sample_id`` back to the batch's planned trajectories (all of
+them, before any filter) and must come from a trainable one within K; an item
+from no planned episode raises too. So a filter or an advantage provider that
+lets a stale sample through is caught, and ``max_lag`` in the metrics is the
+worst lag actually trained on (``max_lag_seen`` the worst before the filter). After every ``checkpoint.every``
 iterations the run is checkpointed (``learner.checkpoint``); ``--resume``
 continues from the newest checkpoint to the same final iteration: pending
 groups are submitted again and episodes already stored are read back, not
@@ -81,7 +87,7 @@ if TYPE_CHECKING:
     from learner.group import LearnerGroup
 
 __all__ = [
-    "AdvantageProvider", "EvalResult", "Reporter", "RunHistory", "TrainLoop", "eval_requests", "fresh_for_learner",
+    "AdvantageProvider", "EvalResult", "Reporter", "RunHistory", "TrainLoop", "check_trained", "eval_requests", "fresh_for_learner",
     "split_pass_rates",
 ]
 
@@ -213,6 +219,36 @@ def check_staleness(trajectories: Sequence[Trajectory], version: int, max_lag: i
             f"{worst} behind, over the bound rollout.staleness.max_lag={max_lag}"
         )
     return worst
+
+
+def _episode_of(sample_id: str, by_id: Mapping[str, Trajectory]) -> Trajectory | None:
+    """The trajectory a ``TrainItem.sample_id`` (``EPISODE/K`` or ``EPISODE#K``) came from."""
+    for sep in ("/", "#"):
+        head, found, _ = sample_id.rpartition(sep)
+        if found and head in by_id:
+            return by_id[head]
+    return None
+
+
+def check_trained(items: Sequence[TrainItem], planned: Sequence[Trajectory], version: int, max_lag: int) -> int:
+    """The hard bound on what is trained: each item traced to one of ``planned`` (the batch before any filter),
+    a trainable one at most ``max_lag`` versions behind. Returns the worst lag trained on; raises ``StalenessError``."""
+    by_id = {t.episode_id: t for t in planned}
+    trained: dict[str, Trajectory] = {}
+    for item in items:
+        traj = _episode_of(item.sample_id, by_id)
+        if traj is None:
+            raise StalenessError(
+                f"learner at version {version}: training item {item.sample_id!r} comes from no episode of this batch "
+                f"({len(planned)} planned): its staleness cannot be checked"
+            )
+        if not traj.trainable:
+            raise StalenessError(
+                f"learner at version {version}: training item {item.sample_id!r} comes from episode {traj.episode_id} "
+                f"with status {traj.status.value}, which is never trained on"
+            )
+        trained[traj.episode_id] = traj
+    return check_staleness(list(trained.values()), version, max_lag)
 
 
 @dataclass
@@ -553,9 +589,11 @@ class TrainLoop:
         cfg = self.cfg.rl
         # An agent-caused invalid (the agent's code hung the tests, exited, skipped them all) is recorded under
         # the episode's own trainable status with reward 0 and stays in: a failure, not a free pass. Only the
-        # grader's invalids (status ``invalid``) and infrastructure failures are dropped, and counted.
+        # grader's invalids (status ``invalid``, kept only with evidence the agent could not produce: see
+        # agentenv.grading) and infrastructure failures are dropped, and counted; so is a policy_error only
+        # when the endpoint failed (a context flood is a truncated episode, trained on).
         fresh, stale = fresh_for_learner(trajs, self.version, self.cfg.max_lag)
-        worst = check_staleness(fresh, self.version, self.cfg.max_lag)  # the hard bound, on every batch
+        seen = max((self.version - t.policy_version for t in trajs if t.trainable), default=0)
         graded_invalid = sum(t.status is Status.INVALID for t in trajs)
         infra = sum(t.status in (Status.SANDBOX_LOST, Status.WORKER_LOST, Status.ERROR, Status.POLICY_ERROR) for t in trajs)
         agent_invalid = sum(bool(t.verifier.get("agent_invalid")) for t in fresh)
@@ -572,10 +610,11 @@ class TrainLoop:
         limit = self.cfg.trainer.micro_batch_tokens
         overlong = sum(len(i) > limit for i in items)
         items = [i for i in items if i.num_loss_tokens > 0 and len(i) <= limit]
+        worst = check_trained(items, trajs, self.version, self.cfg.max_lag)  # the hard bound, on what is trained
         mixed = sum(len({turn.policy_version for turn in t.turns}) > 1 for t in fresh)
         row: dict[str, float] = {"iteration": it, **trajectory_splits(trajs),
                                 "dropped_stale": stale, "dropped_invalid": graded_invalid, "infra_failed": infra,
-                                "agent_invalid": agent_invalid, "dropped_overlong": overlong, "max_lag": worst,
+                                "agent_invalid": agent_invalid, "dropped_overlong": overlong, "max_lag": worst, "max_lag_seen": seen,
                                 "mixed_version_episodes": mixed, "in_flight_groups": in_flight, **extra}
         if self.effort is not None:  # the share the effort rule set to -1
             row["over_budget"] = self.effort.over_budget(fresh)

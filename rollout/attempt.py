@@ -37,7 +37,7 @@ from agentenv.types import Task, Variant, VerifierResult
 from rollout.errors import RolloutError
 from rollout.gate import TurnGate
 from rollout.harnesses import canonical_harness
-from rollout.pristine import PristineSandboxes
+from rollout.pristine import Lease, PristineSandboxes
 from sandboxes.types import Sandbox, SandboxBackend
 
 T = TypeVar("T")
@@ -136,6 +136,10 @@ class AttemptHost(Protocol):
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T: ...
 
+    async def acquire(self, task: Task, variant: Variant) -> Lease:
+        """A sandbox at ``variant``'s pristine state; cancelled while it is being acquired, it leaks nothing."""
+        ...
+
     async def quiesce(self) -> None:
         """Wait for the blocking calls of this attempt that still run (also when it is being cancelled)."""
         ...
@@ -149,6 +153,7 @@ def verifier_record(result: VerifierResult) -> dict[str, Any]:
         "invalid": result.invalid,
         "invalid_cause": result.invalid_cause,  # "agent": counted as a failure; "grader": status invalid, excluded
         "agent_invalid": result.invalid and result.invalid_cause == "agent",
+        "invalid_evidence": result.extra.get("invalid_evidence"),  # why an invalid is the grader's (or not): agentenv.grading
         **{k: result.extra[k] for k in ("tampering", "neutralised") if k in result.extra},
         "reason": result.reason,
         "details": [{"name": d.name, "passed": d.passed, "score": d.score, "detail": d.detail} for d in result.details],

@@ -40,6 +40,7 @@ from agentenv.intents import Harness, ParsedTurn, ParseError
 from agentenv.types import Episode, Task, Variant, VerifierResult
 from rollout.attempt import AttemptHost, EpisodeContext, EpisodeLost, EpisodeRequest, SamplingParams, verifier_record
 from rollout.harnesses import get_harness
+from rollout.eval.types import policy_fault_is_infrastructure
 from rollout.harnesses.rendering import EpisodeRenderer
 from rollout.policy.types import Generation, Policy, PolicyError, Prompt, ThinkingBudget
 from rollout.pristine import Lease
@@ -90,7 +91,7 @@ class _Attempt:
         harness = get_harness(req.harness)
         t0 = time.monotonic()
         try:
-            lease = await host.blocking(host.sandboxes.acquire, task, variant)
+            lease = await host.acquire(task, variant)  # a cancellation here leaks nothing
         except SetupError as exc:
             return self._record(Status.INVALID, f"task setup failed: {exc}")
         except (SandboxError, OSError) as exc:
@@ -119,6 +120,7 @@ class _Attempt:
         executor = IntentExecutor(sandbox, default_timeout_s=limits.command_timeout_s, state=state)
         deadline = time.monotonic() + limits.wall_time_s
         status: Status | None = None
+        policy_failure = ""  # the policy's own error when it ended the episode (graded as truncated)
         for index in range(limits.max_turns):
             remaining = deadline - time.monotonic()
             budget_left = limits.max_tokens - tally.completion_tokens
@@ -144,6 +146,12 @@ class _Attempt:
             except Exception as exc:  # noqa: BLE001 - PolicyError, or a policy bug: either way the model failed
                 tally.policy_s += time.monotonic() - t0
                 why = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, PolicyError) and not policy_fault_is_infrastructure(why):
+                    # Not the endpoint's fault (a context flood: the prompt the agent's own tool output grew is
+                    # over the model's context): the policy's budget is spent, so it is graded and trained on
+                    # like a truncated episode, never excluded as infrastructure (no opting out).
+                    status, policy_failure = Status.TRUNCATED, why
+                    break
                 return self._record(Status.POLICY_ERROR, why)
             policy_s = time.monotonic() - t0
             tally.policy_s += policy_s
@@ -164,7 +172,7 @@ class _Attempt:
                 tally.renderer.add_observations(observations)
         if status is None:
             status = Status.TIMEOUT if time.monotonic() >= deadline else Status.TRUNCATED
-        return await self._grade(variant, sandbox, state, status)
+        return await self._grade(variant, sandbox, state, status, error=policy_failure)
 
     async def _act(
         self, harness: Harness, parsed: ParsedTurn, executor: IntentExecutor, deadline: float, *, fixed: bool = False
@@ -195,7 +203,9 @@ class _Attempt:
             observations.append({"role": "user", "content": NO_CALL_REMINDER})
         return observations, errors, calls, spent
 
-    async def _grade(self, variant: Variant, sandbox: Sandbox, state: EpisodeState, status: Status) -> Trajectory:
+    async def _grade(
+        self, variant: Variant, sandbox: Sandbox, state: EpisodeState, status: Status, *, error: str = ""
+    ) -> Trajectory:
         host, task = self.host, self.task
         episode = Episode(task.id, variant, final_answer=state.answer, workdir=sandbox.spec.workdir)
         t0 = time.monotonic()
@@ -215,7 +225,7 @@ class _Attempt:
                 return self._record(Status.INVALID, result.reason, result)
             # The agent's final state made grading impossible (a hang, os._exit, SkipTest, a FIFO where a
             # file is graded): a failure with reward 0 under the episode's own status, flagged, never dropped.
-        return self._record(status, "", result)
+        return self._record(status, error, result)
 
     # ------------------------------------------------------------ helpers
 

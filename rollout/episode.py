@@ -38,13 +38,13 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from agentenv.registry import get_task
-from agentenv.types import Task
+from agentenv.types import Task, Variant
 from rollout.attempt import AttemptHost, EpisodeContext, EpisodeLost, EpisodeRequest, SamplingParams
 from rollout.emulated_attempt import run_emulated_attempt
 from rollout.gate import TurnGate
 from rollout.harnesses import is_native_harness
 from rollout.policy.types import Policy
-from rollout.pristine import PristineSandboxes
+from rollout.pristine import Lease, PristineSandboxes
 from rollout.store import TrajectoryStore
 from rollout.types import Status, Timings, Trajectory
 from sandboxes.types import SandboxBackend
@@ -176,6 +176,11 @@ class EpisodeRunner:
             running.add(future)
             future.add_done_callback(running.discard)
         return await asyncio.wrap_future(future)
+
+    async def acquire(self, task: Task, variant: Variant) -> Lease:
+        """A pristine sandbox of ``variant`` from the runner's threads. A cancellation while the thread still
+        acquires gives the lease back when it arrives (``PristineSandboxes.acquire_from``): nothing leaks."""
+        return await self.sandboxes.acquire_from(self._threads, task, variant)
 
     async def quiesce(self) -> None:
         """Wait for the current attempt's calls still running in threads (shielded: also while it is cancelled)."""

@@ -15,11 +15,17 @@ next episode of that variant; an evicted pool is closed only once no sandbox
 of it is leased.
 
 Blocking: every method here is synchronous (Docker calls); the episode runner
-calls them from worker threads.
+calls them from worker threads, and awaits an acquire through ``acquire_from``:
+a thread cannot be stopped, so an asyncio cancellation (a stopped run, the
+staleness abort) while a thread still acquires would drop the lease it then
+returns, and its sandbox would never go back to its pool. ``acquire_from``
+gives such an orphaned lease back as soon as the thread delivers it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -84,7 +90,7 @@ class PristineSandboxes:
         self._lock = threading.Lock()
         self._closed = False
         self._min_size = 0  # the least ``max_size`` of a pool: what ``warm`` was asked for, plus spares
-        self.stats = {"setups": 0, "restores": 0}
+        self.stats = {"setups": 0, "restores": 0, "orphaned_leases": 0}
 
     # ------------------------------------------------------------ public
 
@@ -122,6 +128,25 @@ class PristineSandboxes:
         except BaseException:
             self._returned(pool)
             raise
+
+    async def acquire_from(self, executor: concurrent.futures.Executor, task: Task, variant: Variant) -> Lease:
+        """``acquire`` on one of ``executor``'s threads, awaited. Cancelled while the thread still acquires,
+        it re-raises the cancellation and releases the lease the thread delivers later (never leaked)."""
+        future = executor.submit(self.acquire, task, variant)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(self._release_orphan)  # runs at once if the thread is already done
+            raise
+
+    def _release_orphan(self, future: concurrent.futures.Future[Lease]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return  # never started, or failed: ``acquire`` gave back what it held
+        try:
+            self.release(future.result())
+            self.stats["orphaned_leases"] += 1
+        except Exception:  # noqa: BLE001 - a callback on a worker thread: log, never raise
+            log.exception("could not give back a lease acquired for a cancelled episode")
 
     def warm(self, tasks: list[Task], per_image: int, timeout: float = ACQUIRE_TIMEOUT_S) -> int:
         """Start ``per_image`` sandboxes of every image ``tasks`` use and wait for them; returns how many

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout.eval.cells import CellRequest, check_lock, plan_cells, stored_ids
+from rollout.eval.cells import CellRequest, check_lock, plan_cells, record_images, stored_ids, task_locks
 from rollout.eval.config import SweepConfig
 from rollout.eval.types import CellKey, EpisodeResult, Outcome, SweepConfigError, outcome_of
 from rollout.types import Trajectory
@@ -154,7 +154,8 @@ def run_sweep(
     idents = identities(cfg)
     store = TrajectoryStore(cfg.store)
     try:
-        check_lock(store, cfg, idents, resume=resume)
+        tasks = task_locks(domains, cfg.backend)
+        check_lock(store, cfg, idents, resume=resume, tasks=tasks)
         plan = plan_cells(cfg, sorted(domains), idents)
         done = stored_ids(store, cfg.sweep_id)
         todo = [req for _, req in plan if req.episode_id not in done]
@@ -172,6 +173,7 @@ def run_sweep(
             finally:
                 if started:
                     ray.shutdown()
+            record_images(store, cfg, task_locks(domains, cfg.backend))  # the images this run built
         results, missing = collect(store, cfg, plan)
     finally:
         store.close()

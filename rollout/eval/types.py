@@ -7,6 +7,18 @@ is retried and, if the retries run out, *counted beside* the score, never inside
 its denominator as a failure; an ``invalid`` episode (the grader could not
 decide) is counted apart too. Only ``passed`` and ``failed`` are scored.
 
+No opting out: an episode leaves the denominator only for a cause proven to
+lie outside the agent and its policy (issue 26). ``invalid`` is stored only
+for the grader's own failures, with evidence (``agentenv.grading``: a host
+fault, or the oracle's state is undecidable too); an invalid the agent made
+is a failure under the episode's own status. A ``policy_error`` is the
+infrastructure's only when its error shows the endpoint failed (no
+connection, no response in time, HTTP 5xx or 429/408/409 after retries); any
+other (HTTP 400 for a prompt over the context length: a context flood the
+agent's own tool output made; a response the client could not use) is the
+policy's failure, scored as ``failed``. A malformed tool call never ends an
+episode (it is a tool error inside an ``ok`` one), so it is scored too.
+
 A ``CellKey`` holds everything that can change an episode's result, so two
 episodes with equal keys are interchangeable (resume reuses a stored one) and
 two with different keys never are (an edited temperature makes new cells).
@@ -17,6 +29,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,6 +45,7 @@ __all__ = [
     "ResumeRefused",
     "SweepConfigError",
     "outcome_of",
+    "policy_fault_is_infrastructure",
 ]
 
 
@@ -61,15 +75,28 @@ _RUNNER_BUG = "runner error:"  # EpisodeRunner's record of its own exception, be
 # The grading sandbox died under the verifier (seen under heavy load: "verifier crashed: SandboxLost: ... agent
 # did not start"): the runner records a grader-caused invalid, but nothing was decided about the policy.
 _GRADER_LOST = "verifier crashed: SandboxLost"
+#: What a ``policy_error`` says when the endpoint itself failed (``OpenAIPolicy._request``'s reasons, and the
+#: episode runner's own deadline on a policy call); any other policy error is the policy's failure.
+_ENDPOINT_FAULT = re.compile(
+    r"(connection failed|no response within|HTTP (5\d\d|429|408|409)\b|policy timed out)"
+)
+
+
+def policy_fault_is_infrastructure(error: str) -> bool:
+    """True when a ``policy_error``'s text proves the endpoint failed, not the policy (see the module docstring)."""
+    return bool(_ENDPOINT_FAULT.search(error))
 
 
 def outcome_of(status: str, reward: float, error: str = "", passed: bool | None = None) -> Outcome:
     """The outcome of a stored episode: infrastructure and invalid first, then the verifier's verdict.
 
     ``passed`` is the verifier's own flag when it gave one; otherwise full reward means passed.
-    Truncated and timed-out episodes are graded, so they pass or fail like any other.
+    Truncated and timed-out episodes are graded, so they pass or fail like any other. A ``policy_error``
+    counts as infrastructure only when ``error`` shows the endpoint failed (``policy_fault_is_infrastructure``).
     """
     status = str(getattr(status, "value", status))
+    if status == "policy_error" and not policy_fault_is_infrastructure(error):
+        return Outcome.FAILED  # a context flood, an unusable response: the policy's, counted
     if status in INFRA_STATUSES or (status == "invalid" and (error.startswith(_RUNNER_BUG) or _GRADER_LOST in error)):
         return Outcome.INFRASTRUCTURE
     if status == "invalid":

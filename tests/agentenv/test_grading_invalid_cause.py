@@ -128,3 +128,100 @@ def test_unit_tests_spec_takes_the_tampering_option() -> None:
     assert UnitTestsVerifierSpec().detect_tampering == "strict"
     with pytest.raises(ValueError, match="detect_tampering"):
         UnitTestsVerifierSpec(detect_tampering="maybe")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- no opting out: grade_episode's evidence rule
+
+
+class UndecidableTask:
+    """Grading is invalid "by the grader" wherever ``/workspace/broken`` exists (the agent can plant it);
+    ``everywhere=True`` makes it invalid for every state, the oracle's too (a broken task)."""
+
+    id = "t/undecidable"
+    folder = None
+
+    def __init__(self, *, everywhere: bool = False, raises: BaseException | None = None) -> None:
+        self.everywhere, self.raises = everywhere, raises
+        self.graded: list[str] = []
+
+    def sandbox_spec(self, *, build: bool = True) -> object:
+        from sandboxes.types import SandboxSpec
+
+        return SandboxSpec(image="fake")
+
+    def hidden_paths(self) -> list[str]:
+        return []
+
+    def hidden_files(self, variant: object) -> dict[str, bytes]:
+        return {}
+
+    def setup(self, sandbox: FakeSandbox, variant: object) -> None:
+        sandbox.write_file("/workspace/input.txt", b"1")
+
+    def oracle(self, sandbox: FakeSandbox, variant: object) -> str:
+        sandbox.write_file("/workspace/answer.txt", b"42")
+        return "42"
+
+    def grade(self, sandbox: FakeSandbox, episode: object) -> VerifierResult:
+        self.graded.append(sandbox.id)
+        if self.raises is not None and "/workspace/broken" in sandbox.files:
+            raise self.raises
+        if self.everywhere or "/workspace/broken" in sandbox.files:
+            return VerifierResult(0.0, False, True, "pytest exited 4 (usage error): our invocation is wrong")
+        return VerifierResult(1.0 if sandbox.files.get("/workspace/answer.txt") == b"42" else 0.0, True)
+
+
+def _grade(task: UndecidableTask) -> VerifierResult:
+    from agentenv.grading import clear_oracle_cache, grade_episode
+    from sandboxes.testing import FakeBackend
+
+    backend = FakeBackend()
+    agent = backend.create(task.sandbox_spec())  # type: ignore[arg-type]
+    task.setup(agent, make_variant())
+    agent.write_file("/workspace/broken", b"advmark")  # what the agent left: grading cannot decide on it
+    if not getattr(task, "keep_cache", False):
+        clear_oracle_cache()
+    return grade_episode(backend, agent, task, make_episode())  # type: ignore[arg-type]
+
+
+def test_an_invalid_the_oracles_state_does_not_share_is_the_agents_failure() -> None:
+    """Before issue 26 this came back ``invalid_cause="grader"``: excluded from training, a free exit."""
+    task = UndecidableTask()
+    result = _grade(task)
+    assert result.invalid and result.invalid_cause == "agent" and result.reward == 0.0, result
+    assert "oracle's final state grades decided" in result.extra["invalid_evidence"]
+    assert len(task.graded) == 2  # the agent's state, then the oracle control
+    task.keep_cache = True  # type: ignore[attr-defined]
+    again = _grade(task)
+    assert again.invalid_cause == "agent" and len(task.graded) == 3, "a decided control is cached per variant"
+    record = _result_dict(again)
+    assert record["agent_invalid"] and record["invalid_evidence"] == again.extra["invalid_evidence"]
+
+
+def test_an_invalid_the_oracles_state_shares_stays_the_graders_and_is_never_cached() -> None:
+    task = UndecidableTask(everywhere=True)
+    result = _grade(task)
+    assert result.invalid and result.invalid_cause == "grader", result
+    assert "the oracle's state grades invalid too" in result.extra["invalid_evidence"]
+    task.keep_cache = True  # type: ignore[attr-defined]
+    _grade(task)
+    assert len(task.graded) == 4, "an invalid control is run again by the next episode (it may pass)"
+
+
+def test_a_host_fault_raised_by_the_sandbox_stays_the_graders_without_a_control() -> None:
+    from sandboxes.errors import SandboxLost
+
+    task = UndecidableTask(raises=SandboxLost("container vanished (daemon: no such container)"))
+    result = _grade(task)
+    assert result.invalid and result.invalid_cause == "grader" and "host fault: SandboxLost" in result.extra["invalid_evidence"]
+    assert len(task.graded) == 1, "a host fault needs no oracle control"
+    crash = UndecidableTask(raises=RuntimeError("a bug the agent's state triggers"))
+    assert _grade(crash).invalid_cause == "agent", "a crash the oracle's state does not trigger is the agent's"
+
+
+def test_a_channel_the_episode_tampered_with_is_no_host_fault() -> None:
+    from sandboxes.errors import SandboxTampered
+
+    task = UndecidableTask(raises=SandboxTampered("an answer on the agent channel failed authentication"))
+    result = _grade(task)
+    assert result.invalid and result.invalid_cause == "agent", result

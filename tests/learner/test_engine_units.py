@@ -12,14 +12,17 @@ import torch
 
 from learner.checkpoint import EngineState, RunCheckpoints, config_hash
 from learner.errors import CheckpointMismatch, CheckpointNotFound, LearnerConfigError
-from learner.loop import check_staleness, fresh_for_learner
+from learner.advantages import items_from_groups
+from learner.loop import check_staleness, check_trained, fresh_for_learner
+from learner.types import AdvantageConfig
+from learner.types import TrainItem
 from learner.model import PolicyModel
 from learner.train_config import TrainConfig, load_train_config
 from learner.trainer import Trainer
 from learner.types import LossConfig, TrainerConfig
 from rollout.errors import StalenessError
 from rollout.gate import TurnGate
-from rollout.types import Status, Trajectory, Turn
+from rollout.types import Sample, Status, Trajectory, Turn
 
 pytestmark = [pytest.mark.unit]
 
@@ -37,6 +40,28 @@ def test_the_learner_reads_only_samples_within_k_versions_and_the_check_names_th
     with pytest.raises(StalenessError, match=r"episode c .* version 2, 3 behind, over the bound rollout.staleness.max_lag=1"):
         check_staleness(trajs, 5, 1)
     assert fresh_for_learner(trajs, 5, 0)[0] == [trajs[0]]  # K = 0: only the current version
+
+
+def _sampled(eid: str, version: int, reward: float, *, status: Status = Status.OK) -> Trajectory:
+    return Trajectory(eid, "r", "t", "general", 0, "codex", "high", version, status, reward,
+                      samples=(Sample((1, 2, 3), (0.0, -0.5, -0.5), (0, 1, 1)),), turns=(Turn(0, version),))
+
+
+def test_the_staleness_check_fires_on_what_is_trained_not_on_the_filtered_list() -> None:
+    """Before issue 26 the check ran on ``fresh_for_learner``'s output, filtered by the same rule: it could not fire."""
+    batch = [_sampled("a", 5, 1.0), _sampled("b", 5, 0.0), _sampled("old", 2, 1.0), _sampled("old2", 2, 0.0),
+             _sampled("inv", 5, 0.0, status=Status.INVALID)]
+    cfg = AdvantageConfig()
+    fresh, stale = fresh_for_learner(batch, version=5, max_lag=1)
+    assert stale == 2
+    assert check_trained(items_from_groups([fresh], cfg), batch, 5, 1) == 0  # the filtered batch is within K
+    leaked = items_from_groups([batch[:4]], cfg)  # a filter (or an advantage provider) that let the stale pair through
+    with pytest.raises(StalenessError, match=r"episode old was sampled by version 2, 3 behind, over the bound .*max_lag=1"):
+        check_trained(leaked, batch, 5, 1)
+    with pytest.raises(StalenessError, match=r"training item 'ghost/0' comes from no episode of this batch"):
+        check_trained([TrainItem((1,), (0.0,), (1,), 1.0, sample_id="ghost/0")], batch, 5, 1)
+    with pytest.raises(StalenessError, match=r"episode inv with status invalid, which is never trained on"):
+        check_trained([TrainItem((1,), (0.0,), (1,), 1.0, sample_id="inv#0")], batch, 5, 1)
 
 
 def _yaml(tmp_path: Path, text: str) -> Path:

@@ -74,8 +74,11 @@ class Idle(Policy):
 class Broken(Policy):
     name, version = "broken", 0
 
+    def __init__(self, why: str = "broken: chat request failed after 4 attempt(s): HTTP 503: unavailable") -> None:
+        self.why = why
+
     async def generate(self, prompt: Prompt, sampling: SamplingParams, budget: Any = None) -> Generation:
-        raise PolicyError("server said 503 after 3 retries")
+        raise PolicyError(self.why)
 
 
 class Wrapped:
@@ -218,6 +221,12 @@ def test_failures_are_trajectories(backend: Any) -> None:
 
     [broken] = _run(Broken(), backend, [_req("general/answer_number", "codex", "broken")])
     assert broken.status is Status.POLICY_ERROR and "503" in broken.error and broken.reward == 0.0
+
+    # A context flood is the policy's failure, not the endpoint's: graded and trained on, never excluded.
+    flood = Broken("m: chat request failed after 1 attempt(s): HTTP 400: maximum context length is 8192 tokens")
+    [flooded] = _run(flood, backend, [_req("general/answer_number", "codex", "flooded")])
+    assert (flooded.status, flooded.reward) == (Status.TRUNCATED, 0.0) and "context length" in flooded.error
+    assert flooded.trainable and not flooded.verifier["invalid"]
 
     garble = Wrapped(lambda ctx, turn: '<tool_call>{"name": "shell", "arguments": {oops</tool_call>' if turn == 1 else None)
     [messy] = _run(garble, backend, [_req("general/answer_number", "codex", "messy")])

@@ -100,3 +100,58 @@ def test_one_setup_per_variant_at_a_time_even_when_the_lock_map_is_pruned(monkey
     assert task.setups > 100  # the cache of one snapshot makes most acquires set up again
     assert task.overlaps == [], f"variants set up twice at once: {sorted(set(task.overlaps))}"
     assert sandboxes._variant_locks == {}, "a lock outlived every user of its variant"
+
+
+class BlockingTask(FakeTask):
+    """A variant whose setup waits for the test: the episode is cancelled while a thread acquires its sandbox."""
+
+    def __init__(self) -> None:
+        import threading
+
+        super().__init__("a/slow_setup", "img:1")
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def variant(self, seed: int) -> object:
+        from agentenv.types import Variant
+
+        return Variant(self.id, seed, {}, "do nothing")
+
+    def setup(self, sandbox: object, variant: object) -> None:
+        self.entered.set()
+        assert self.go.wait(10), "the test never let setup finish"
+
+
+def test_an_episode_cancelled_while_its_sandbox_is_acquired_gives_the_lease_back() -> None:
+    """Before issue 26 the lease the acquiring thread delivered after the cancellation was dropped: the pool
+    kept it leased forever (``leased`` 1, ``PristineSandboxes._leases`` 1) and a one-sandbox pool starved."""
+    import asyncio
+    import time
+
+    from rollout.episode import EpisodeRequest, EpisodeRunner
+    from rollout.policy.scripted import ScriptedPolicy
+
+    backend = FakeBackend(resettable=True)
+    runner = EpisodeRunner(ScriptedPolicy(), backend=backend, pool_size=0)  # type: ignore[arg-type]
+    task = BlockingTask()
+    runner._tasks[task.id] = task  # type: ignore[assignment]
+
+    async def cancel_mid_acquire() -> None:
+        episode = asyncio.create_task(runner.run(EpisodeRequest("e1", "r", task.id, 0, "bash")))
+        while not task.entered.is_set():
+            await asyncio.sleep(0.01)
+        episode.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await episode
+
+    try:
+        asyncio.run(cancel_mid_acquire())
+        task.go.set()  # the thread now finishes setup and delivers a lease nobody awaits
+        pool = next(iter(runner.sandboxes._pools.values()))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (pool.counts()["leased"] or any(runner.sandboxes._leases.values())):
+            time.sleep(0.01)
+        assert pool.counts()["leased"] == 0 and runner.sandboxes._leases == {pool.spec.key(): 0}, pool.counts()
+        assert runner.sandboxes.stats["orphaned_leases"] == 1
+    finally:
+        task.go.set()
+        runner.close()

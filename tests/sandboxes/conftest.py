@@ -1,7 +1,8 @@
 """Fixtures for the sandbox backend contract (``test_contract.py``).
 
-``backend`` is parametrized over every implementation: ``local`` (bubblewrap
-when it works here, else plain subprocesses), ``local-plain`` (plain
+``backend`` is parametrized over every implementation: ``local`` (bubblewrap,
+required: where it cannot run, each ``local`` case fails naming the probe's
+reason instead of quietly testing plain subprocesses), ``local-plain`` (plain
 subprocesses forced, the mode of hosts without bubblewrap) and ``docker``.
 Select one with ``-k``: ``-k local`` runs both local modes, ``-m docker`` the
 Docker one. Docker tests never skip: a missing daemon or a ``DockerBackend``
@@ -79,7 +80,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SandboxB
     else:
         from sandboxes.local_backend import LocalBackend
 
-        made = LocalBackend(tmp_path / "local", use_bwrap=False if request.param == "local-plain" else None)
+        made = LocalBackend(tmp_path / "local", use_bwrap=request.param == "local")  # "local": bubblewrap or a failure
     try:
         yield made
     finally:

@@ -5,13 +5,15 @@ subprocesses); properties only one mode has are tested in that mode, and the
 limitations the module docstring admits are pinned too, so that a change in
 what is isolated shows up as a test change.
 
-Nothing here skips. Where bubblewrap cannot make namespaces (many CI
-containers), the bubblewrap cases are not collected at all, and
-``test_the_bwrap_probe_tells_the_truth_on_this_host`` runs instead: it checks
-that bubblewrap really fails here (so a broken probe cannot hide the bwrap
-tests), that insisting on it is refused with the probe's reason, and that the
+Nothing here skips and nothing is left out at collection: every bubblewrap
+case is collected and runs on every host (``scripts/setup.sh`` installs
+bubblewrap). Where bubblewrap cannot make namespaces, each of them fails,
+naming the probe's reason: a case that cannot run here is a failure, never a
+silent pass. ``test_the_bwrap_probe_tells_the_truth_on_this_host`` checks the
+probe itself (a broken probe cannot fake either verdict), that insisting on
+bubblewrap where it fails is refused with the probe's reason, and that the
 automatic fallback is logged. ``AGENTENV_EXPECT_BWRAP=1`` (or ``0``) pins the
-verdict a machine must reach, so CI can say which of the two it expects.
+verdict a machine must reach.
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ pytestmark = pytest.mark.unit
 
 SPEC = SandboxSpec(image="agentenv-base:latest")
 PROBE = LocalBackend.probe()
-MODES = ["bwrap", "plain"] if PROBE.works else ["plain"]  # selected by the probe, never skipped
+MODES = ["bwrap", "plain"]  # both on every host: a bwrap case that cannot run here fails, naming why
 
 
 @pytest.fixture(params=MODES)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalBackend]:
+    if request.param == "bwrap" and not PROBE.works:
+        pytest.fail(f"a bubblewrap case cannot run on this host (scripts/setup.sh installs it): {PROBE.reason}", pytrace=False)
     made = LocalBackend(tmp_path / "root", use_bwrap=request.param == "bwrap")
     try:
         yield made

@@ -117,3 +117,65 @@ def test_eval_compare_command(tmp_path: Path) -> None:
     assert "B - A" in res.output or "b - a" in res.output
     bad = CliRunner().invoke(app, ["eval", "compare", "a", "zz", "--run", str(tmp_path / "run")])
     assert bad.exit_code == 2 and "no policy 'zz'" in bad.output
+
+
+def _lock_task(tmp_path: Path, image: str) -> str:
+    folder = tmp_path / "locked_task"
+    (folder / "tests").mkdir(parents=True, exist_ok=True)
+    (folder / "task.yaml").write_text(
+        "id: eval/locked_task\ndomain: general\ndescription: a task the resume lock watches\n"
+        f"environment: {{image: '{image}'}}\nverifiers:\n  - {{type: answer, expected: '7'}}\n"
+    )
+    (folder / "instruction.md").write_text("Answer 7.\n")
+    (folder / "solution").mkdir(exist_ok=True)
+    (folder / "solution" / "solve.sh").write_text("#!/bin/sh\necho 7\n")
+    return str(folder)
+
+
+def test_resume_is_refused_after_a_task_is_edited_naming_the_task(tmp_path: Path) -> None:
+    from rollout.eval.cells import task_locks
+
+    cfg = parse_sweep(sweep_data(tmp_path, policies=[{"name": "oracle", "kind": "oracle"}]))
+    store = TrajectoryStore(cfg.store)
+    idents = {p.name: p.identity() for p in cfg.policies}
+    task = _lock_task(tmp_path, "agentenv-base:latest")
+    check_lock(store, cfg, idents, resume=False, tasks=task_locks([task, "general/answer_number"], "local"))
+    store.put(Trajectory("x", cfg.sweep_id, task, "general", 0, "codex", "high", 0, Status.OK, 1.0))
+    check_lock(store, cfg, idents, resume=True, tasks=task_locks([task, "general/answer_number"], "local"))  # unchanged
+    (Path(task) / "instruction.md").write_text("Answer 8.\n")
+    with pytest.raises(ResumeRefused, match=r"tasks\[.*locked_task\]: the task was edited"):
+        check_lock(store, cfg, idents, resume=True, tasks=task_locks([task], "local"))
+    store.close()
+
+
+@pytest.mark.docker
+def test_resume_is_refused_after_a_tasks_image_is_rebuilt_naming_the_image(tmp_path: Path, docker_client: object) -> None:
+    import io
+
+    from rollout.eval.cells import record_images, task_locks
+
+    tag = f"agentenv-optout-lock:{tmp_path.name[-12:].lower().replace('_', '-')}"
+
+    def build(label: str) -> str:
+        dockerfile = f"FROM agentenv-base:latest\nLABEL agentenv.test.lock={label}\n".encode()
+        image, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True)  # type: ignore[attr-defined]
+        return str(image.id)
+
+    cfg = parse_sweep(sweep_data(tmp_path, policies=[{"name": "oracle", "kind": "oracle"}]))
+    store = TrajectoryStore(cfg.store)
+    idents = {p.name: p.identity() for p in cfg.policies}
+    task = _lock_task(tmp_path, tag)
+    try:
+        lock = check_lock(store, cfg, idents, resume=False, tasks=task_locks([task], "docker"))
+        assert lock["tasks"][task]["image_id"] is None  # not built yet: recorded once it is
+        first = build("one")
+        record_images(store, cfg, task_locks([task], "docker"))
+        store.put(Trajectory("x", cfg.sweep_id, task, "general", 0, "codex", "high", 0, Status.OK, 1.0))
+        lock = check_lock(store, cfg, idents, resume=True, tasks=task_locks([task], "docker"))
+        assert lock["tasks"][task]["image_id"] == first
+        assert build("two") != first
+        with pytest.raises(ResumeRefused, match=rf"tasks\[.*locked_task\]: image '{tag}' was rebuilt"):
+            check_lock(store, cfg, idents, resume=True, tasks=task_locks([task], "docker"))
+    finally:
+        store.close()
+        docker_client.images.remove(tag, force=True)  # type: ignore[attr-defined]

@@ -164,5 +164,24 @@ def test_outcome_of_every_status_by_value() -> None:
     assert outcome_of("invalid", 0.0, "runner error: KeyError") is Outcome.INFRASTRUCTURE
     lost = "db_state: db_state: verifier crashed: SandboxLost: sandbox x is lost: agent did not start"
     assert outcome_of("invalid", 0.0, lost) is Outcome.INFRASTRUCTURE
-    for s in ("sandbox_lost", "policy_error", "worker_lost", "error"):
+    for s in ("sandbox_lost", "worker_lost", "error"):
         assert outcome_of(s, 0.0) is Outcome.INFRASTRUCTURE
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome"),
+    [
+        ("m: chat request failed after 4 attempt(s): connection failed (refused)", Outcome.INFRASTRUCTURE),
+        ("m: chat request failed after 4 attempt(s): no response within 60.0s", Outcome.INFRASTRUCTURE),
+        ("m: chat request failed after 4 attempt(s): HTTP 503: overloaded", Outcome.INFRASTRUCTURE),
+        ("m: chat request failed after 4 attempt(s): HTTP 429: slow down", Outcome.INFRASTRUCTURE),
+        ("policy timed out: ", Outcome.INFRASTRUCTURE),
+        # a context flood: the agent's own tool output pushed the prompt past the model's context
+        ("m: chat request failed after 1 attempt(s): HTTP 400: This model's maximum context length is 8192 tokens",
+         Outcome.FAILED),
+        ("m: the server returned no token ids (needs vLLM's return_token_ids)", Outcome.FAILED),
+        ("", Outcome.FAILED),  # nothing proves the endpoint failed
+    ],
+)
+def test_a_policy_error_leaves_the_denominator_only_when_the_endpoint_failed(error: str, outcome: Outcome) -> None:
+    assert outcome_of("policy_error", 0.0, error) is outcome
