@@ -194,7 +194,7 @@ def test_an_invalid_the_oracles_state_does_not_share_is_the_agents_failure() -> 
     task.keep_cache = True  # type: ignore[attr-defined]
     again = _grade(task)
     assert again.invalid_cause == "agent" and len(task.graded) == 3, "a decided control is cached per variant"
-    record = _result_dict(again)
+    record = verifier_record(again)
     assert record["agent_invalid"] and record["invalid_evidence"] == again.extra["invalid_evidence"]
 
 
