@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model: Any = AutoModelForCausalLM.from_config(cfg)
     model = model.to(device=device, dtype=dtype).eval()
     legacy = HFPolicy(model, tok, device=device, engine=False, stop_token_ids=(), name="episode-path")
-    engine = Engine(model, max_slots=max(args.concurrency), max_len=hi + new + 8)
-    engine.reserve(max(args.concurrency), hi + new + 8)
+    engine = Engine(model, max_slots=max(args.concurrency), max_len=hi + new)
+    engine.reserve(max(args.concurrency), hi + new)
     rows: list[dict[str, Any]] = []
     for n in args.concurrency:
         ps = prompts(n, lo, hi, cfg.vocab_size, args.seed + n)

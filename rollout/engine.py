@@ -180,9 +180,10 @@ class Engine:
         self.prefill_tokens = int(prefill_tokens or (32768 if cuda else 4096))
         graphs = cuda if cuda_graphs is None else bool(cuda_graphs) and cuda
         # On CUDA the decode batch and attended length are rounded up to buckets (one graph each); on CPU exact.
-        sizes = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512) if cuda else ()
+        sizes = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144, 160, 192, 224, 256, 320, 384, 448, 512) if cuda else ()
         self.slot_sizes = tuple(s for s in sizes if s < self.max_slots) + (self.max_slots,)
         self.len_step = 256 if cuda else 1
+        self._cap_len = -(-self.max_len // self.len_step) * self.len_step  # the cache's longest (aligned) length
         self.slots = SlotModel(model, slots=min(8, self.max_slots), length=min(512 if cuda else 64, self.max_len), graphs=graphs)
         self._version = int(version)
         self._cond = threading.Condition()
@@ -221,7 +222,7 @@ class Engine:
     def reserve(self, slots: int, length: int) -> None:
         """Preallocate the cache for ``slots`` requests of ``length`` tokens (no growth, no recapture later)."""
         with self._step:
-            self.slots.ensure(min(slots, self.max_slots), min(length, self.max_len))
+            self.slots.ensure(min(slots, self.max_slots), min(-(-length // self.len_step) * self.len_step, self._cap_len))
 
     def submit(self, request: EngineRequest) -> Future[EngineOutput]:
         """Queue ``request``; the future resolves to its ``EngineOutput``. Malformed: ``EngineRequestError`` at once."""
@@ -433,7 +434,7 @@ class Engine:
             need = max(self._running) + 1
             longest = max(len(lv.ids) + lv.req.max_new_tokens for lv in fresh)
             length = 1 << max(longest - 1, 1).bit_length() if self.len_step > 1 else longest
-            self.slots.ensure(min(_bucket(need, self.slot_sizes), self.max_slots), min(length, self.max_len))
+            self.slots.ensure(min(_bucket(need, self.slot_sizes), self.max_slots), min(length, self._cap_len))
             fresh.sort(key=lambda lv: len(lv.ids))
             chunks: list[list[_Live]] = [[]]
             for live in fresh:  # length-sorted chunks of at most prefill_tokens padded tokens
