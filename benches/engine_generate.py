@@ -119,6 +119,23 @@ def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.devi
             "steps": steps, "ms_per_step": 1000 * seconds / max(steps, 1), "warmup_s": warm_s}
 
 
+def weight_sync(engine: Engine, model: Any, device: torch.device, repeats: int = 3) -> dict[str, float]:
+    """Seconds for an in-process weight update (``copy_`` of a full state dict already on the device), both modes."""
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    out: dict[str, float] = {}
+    for mode in ("wait", "keep"):
+        times = []
+        for _ in range(repeats):
+            _sync(device)
+            t0 = time.perf_counter()
+            engine.update_weights(state, engine.version + 1, mode=mode)  # type: ignore[arg-type]
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        out[mode] = sorted(times)[len(times) // 2]
+    out["bytes"] = float(sum(v.numel() * v.element_size() for v in state.values()))
+    return out
+
+
 def roofline(cfg: Qwen2Config, ps: list[list[int]], new: int, dtype_bytes: int, tbs: float) -> float:
     """New tokens/s if every decode step only read the weights and the live KV once at ``tbs`` TB/s."""
     head_dim = cfg.hidden_size // cfg.num_attention_heads
@@ -188,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows.append(row)
         console.print(f"[dim]{n} turns: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in row.items()
                                                       if isinstance(v, dict)) + "[/dim]")
+    sync = weight_sync(engine, model, device)
     engine.close()
     table = Table(title=f"generation tokens/s ({'H200, Qwen2-0.5B shape, bf16' if h200 else 'CPU, tiny model, fp32'}; "
                         f"prompts {lo}-{hi}, {new} new tokens)")
@@ -203,6 +221,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       f"{e / ep:,.1f}x" if ep else "-", f"{e / ge:,.2f}x" if ge else "-",
                       f"{row['engine']['ms_per_step']:.1f}", f"{100 * e / roof:.1f}%" if roof else "-")
     console.print(table)
+    console.print(f"in-process weight update ({sync['bytes'] / 2**20:,.0f} MiB, copy_ into the engine's model): "
+                  f"wait {sync['wait']:.4f} s, keep {sync['keep']:.4f} s (median of 3)")
     if h200:
         by_n = {r["concurrency"]: r for r in rows}
         for n, key, goal, value in (
@@ -217,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 except KeyError:
                     pass
     result = {"h200": h200, "prompt_min": lo, "prompt_max": hi, "new": new, "baseline_new": base_new,
-              "legacy_turns": legacy_turns, "legacy_new": legacy_new, "rows": rows,
+              "legacy_turns": legacy_turns, "legacy_new": legacy_new, "rows": rows, "weight_sync_s": sync,
               "torch": torch.__version__, "device": torch.cuda.get_device_name() if h200 else "cpu"}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

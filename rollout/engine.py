@@ -8,7 +8,8 @@ decodes every running request one token per step in one batch (continuous
 batching: a finished request frees its slot at once, a new one joins at the
 next step). On CUDA the decode step replays a CUDA graph per (batch, length)
 bucket. A request that arrives while the engine is idle waits up to
-``admission_window_s`` for others, so a burst of turns is prefilled together.
+``admission_window_s`` (2 ms on CUDA, none on CPU) for others, so a burst of
+turns is prefilled together; later ones join the running batch at the next step.
 
 **What a request gets back** (``EngineOutput``): the token ids, each one's
 logprob (``rollout.engine_sampling``: fp32 log-softmax at the request's
@@ -157,7 +158,7 @@ class Engine:
         *,
         max_slots: int = 256,
         max_len: int | None = None,
-        admission_window_s: float = 0.002,
+        admission_window_s: float | None = None,
         prefill_tokens: int | None = None,
         cuda_graphs: bool | None = None,
         version: int = 0,
@@ -175,8 +176,9 @@ class Engine:
         device = next(model.parameters()).device
         self.max_slots = int(max_slots)
         self.max_len = int(max_len or min(int(getattr(model.config, "max_position_embeddings", 4096)), 32768))
-        self.admission_window_s = float(admission_window_s)
         cuda = device.type == "cuda"
+        # On CUDA a burst of turns is worth one prefill batch; on CPU a turn is short and the window would be its cost.
+        self.admission_window_s = float(admission_window_s if admission_window_s is not None else (0.002 if cuda else 0.0))
         self.prefill_tokens = int(prefill_tokens or (32768 if cuda else 4096))
         graphs = cuda if cuda_graphs is None else bool(cuda_graphs) and cuda
         # On CUDA the decode batch and attended length are rounded up to buckets (one graph each); on CPU exact.

@@ -102,6 +102,7 @@ class SlotModel:
         self._pos = torch.zeros(slots, dtype=torch.long, device=self.device)
         self._rows = torch.arange(slots, device=self.device)
         self._captured.clear()
+        self._pool = None  # the old graphs' pool dies with them: capturing into its handle again trips the allocator
 
     # ------------------------------------------------------------ pieces
 
