@@ -193,7 +193,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ps = prompts(n, lo, hi, cfg.vocab_size, args.seed + n)
         row: dict[str, Any] = {"concurrency": n}
         if "episode" not in args.skip:
-            row["episode"] = run_episode_path(legacy, ps[:legacy_turns], legacy_new, device)
+            try:
+                row["episode"] = run_episode_path(legacy, ps[:legacy_turns], legacy_new, device)
+            except Exception as exc:  # noqa: BLE001 - today's path is the baseline; its failure is a reading too
+                row["episode_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                console.print(f"[red]episode path failed at {n} turns: {row['episode_error']}[/red]")
         if "generate" not in args.skip:
             row["generate"] = run_generate(model, ps, base_new, device)
             gc.collect()
@@ -205,6 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows.append(row)
         console.print(f"[dim]{n} turns: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in row.items()
                                                       if isinstance(v, dict)) + "[/dim]")
+        console.print(f"[dim]{json.dumps(row)}[/dim]")
     sync = weight_sync(engine, model, device)
     engine.close()
     table = Table(title=f"generation tokens/s ({'H200, Qwen2-0.5B shape, bf16' if h200 else 'CPU, tiny model, fp32'}; "
