@@ -221,6 +221,11 @@ class Engine:
     def is_paused(self) -> bool:
         return self._paused is not None
 
+    @property
+    def paused_mode(self) -> PauseMode | None:
+        """The mode of the pause in force (``pause``), None when generating."""
+        return self._paused
+
     def reserve(self, slots: int, length: int) -> None:
         """Preallocate the cache for ``slots`` requests of ``length`` tokens (no growth, no recapture later)."""
         with self._step:

@@ -247,8 +247,9 @@ class HFPolicy:
         every ``Generation`` comes from one version only.
         """
         with self._lock.write():
-            if self._engine is not None:
-                self._engine.update_weights(state, int(version), mode="wait")
+            if self._engine is not None:  # keep-paused (a server's /pause?mode=keep): the frozen turns resume on these
+                mode = "keep" if self._engine.paused_mode == "keep" else "wait"
+                self._engine.update_weights(state, int(version), mode=mode)
             else:
                 with torch.no_grad():
                     self.model.load_state_dict(dict(state), strict=True)
