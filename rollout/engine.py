@@ -183,7 +183,7 @@ class Engine:
         graphs = cuda if cuda_graphs is None else bool(cuda_graphs) and cuda
         # On CUDA the decode batch and attended length are rounded up to buckets (one graph each); on CPU exact.
         sizes = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144, 160, 192, 224, 256, 320, 384, 448, 512) if cuda else ()
-        self.slot_sizes = tuple(s for s in sizes if s < self.max_slots) + (self.max_slots,)
+        self.slot_sizes = tuple(s for s in sizes if s < self.max_slots) + ((self.max_slots,) if cuda else ())
         self.len_step = 256 if cuda else 1
         self._cap_len = -(-self.max_len // self.len_step) * self.len_step  # the cache's longest (aligned) length
         self.slots = SlotModel(model, slots=min(8, self.max_slots), length=min(512 if cuda else 64, self.max_len), graphs=graphs)
@@ -441,7 +441,12 @@ class Engine:
             need = max(self._running) + 1
             longest = max(len(lv.ids) + lv.req.max_new_tokens for lv in fresh)
             length = 1 << max(longest - 1, 1).bit_length() if self.len_step > 1 else longest
-            self.slots.ensure(min(_bucket(need, self.slot_sizes), self.max_slots), min(length, self._cap_len))
+            have = self.slots
+            if need > have.slots:  # grow geometrically: a reallocation copies the cache (and drops CUDA graphs)
+                need = max(_bucket(need, self.slot_sizes), min(2 * have.slots, self.max_slots))
+            if length > have.length:
+                length = max(length, min(2 * have.length, self._cap_len))
+            self.slots.ensure(min(need, self.max_slots), min(length, self._cap_len))
             fresh.sort(key=lambda lv: len(lv.ids))
             chunks: list[list[_Live]] = [[]]
             for live in fresh:  # length-sorted chunks of at most prefill_tokens padded tokens
