@@ -138,13 +138,12 @@ def weight_sync(engine: Engine, model: Any, device: torch.device, repeats: int =
 
 def roofline(cfg: Qwen2Config, ps: list[list[int]], new: int, dtype_bytes: int, tbs: float) -> float:
     """New tokens/s if every decode step only read the weights and the live KV once at ``tbs`` TB/s."""
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
-    params = sum(p for p in (
-        cfg.vocab_size * cfg.hidden_size,
-        cfg.num_hidden_layers * (cfg.hidden_size * head_dim * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)
-                                 + 3 * cfg.hidden_size * cfg.intermediate_size),
-    ))
-    kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * dtype_bytes
+    hidden, heads, kv_heads, layers, inter, vocab = (int(x or 0) for x in (
+        cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers, cfg.intermediate_size,
+        cfg.vocab_size))
+    head_dim = hidden // heads
+    params = vocab * hidden + layers * (hidden * head_dim * (heads + kv_heads) * 2 + 3 * hidden * inter)
+    kv_per_token = layers * 2 * kv_heads * head_dim * dtype_bytes
     total_s = 0.0
     for t in range(new):
         kv = sum(len(p) + t for p in ps) * kv_per_token

@@ -141,8 +141,8 @@ class SlotModel:
         cos, sin = self.rotary(h, pos_NT)
         i_T = torch.arange(t, device=self.device)
         masks: dict[int, torch.Tensor] = {}
-        for w in {w for w in self.windows if w is not None}:  # right padding: causal alone never sees a pad
-            masks[w] = (i_T[None, :] <= i_T[:, None]) & (i_T[None, :] > i_T[:, None] - w)
+        for win in {w for w in self.windows if w is not None}:  # right padding: causal alone never sees a pad
+            masks[win] = (i_T[None, :] <= i_T[:, None]) & (i_T[None, :] > i_T[:, None] - win)
         for li, layer in enumerate(self.layers):
             residual = h
             q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), cos, sin)

@@ -111,9 +111,9 @@ def add_engine_routes(app: FastAPI, policy: Any, model_name: str) -> None:
             ))
         except EngineRequestError as exc:
             text = str(exc)
-            field = next((f for f in ("prompt_ids", "max_new_tokens", "top_p", "temperature") if f in text), None)
+            hit = next((f for f in ("prompt_ids", "max_new_tokens", "top_p", "temperature") if f in text), "")
             mapped = {"prompt_ids": "token_ids", "max_new_tokens": "sampling_params.max_tokens",
-                      "top_p": "sampling_params.top_p", "temperature": "sampling_params.temperature"}.get(field or "")
+                      "top_p": "sampling_params.top_p", "temperature": "sampling_params.temperature"}.get(hit)
             return _error(400, text.replace("prompt_ids", "token_ids"), mapped)
         except EngineError as exc:
             return _error(500, str(exc))

@@ -65,7 +65,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -248,7 +248,7 @@ class HFPolicy:
         """
         with self._lock.write():
             if self._engine is not None:  # keep-paused (a server's /pause?mode=keep): the frozen turns resume on these
-                mode = "keep" if self._engine.paused_mode == "keep" else "wait"
+                mode: Literal["wait", "keep"] = "keep" if self._engine.paused_mode == "keep" else "wait"
                 self._engine.update_weights(state, int(version), mode=mode)
             else:
                 with torch.no_grad():
