@@ -197,6 +197,7 @@ class Engine:
         self._held = False  # keep: no steps
         self._paused: PauseMode | None = None
         self._closed = False
+        self._sleeping = 0
         self._ids = itertools.count()
         self.steps = 0
         self.tokens_out = 0
@@ -321,7 +322,36 @@ class Engine:
             self._step.acquire(timeout=max(0.0, deadline - time.monotonic()))  # the step in flight has ended
             self._step.release()
 
+    @property
+    def sleeping(self) -> int:
+        """The sleep level in force (``sleep``), 0 when awake."""
+        return self._sleeping
+
+    def sleep(self, level: int = 1, timeout_s: float = 600.0) -> None:
+        """vLLM's ``/sleep``: finish the requests in flight (``pause("wait")``), free the KV cache and the CUDA
+        graphs and, on a GPU, move the weights to host memory. Level 2 does the same here (the weights are kept,
+        on the host, rather than discarded). Requests submitted meanwhile wait for ``wake_up``."""
+        if level not in (1, 2):
+            raise EngineRequestError(f"{self.name}: sleep level must be 1 or 2, got {level!r}")
+        self.pause("wait", timeout_s)
+        with self._step:
+            self.slots.release()
+            if self.slots.device.type == "cuda":
+                self.model.to("cpu")  # in place (param.data): the engine's module references stay valid
+                torch.cuda.empty_cache()
+            self._sleeping = level
+
+    def wake_up(self) -> None:
+        """vLLM's ``/wake_up``: weights back on the device, the cache allocated again as requests need it."""
+        with self._step:
+            if self._sleeping and self.slots.device.type == "cuda":
+                self.model.to(self.slots.device)
+            self._sleeping = 0
+        self.resume()
+
     def resume(self) -> None:
+        if self._sleeping:
+            raise EngineRequestError(f"{self.name}: asleep (level {self._sleeping}); wake_up resumes it")
         with self._cond:
             self._paused = None
             self._held = False

@@ -104,6 +104,13 @@ class SlotModel:
         self._captured.clear()
         self._pool = None  # the old graphs' pool dies with them: capturing into its handle again trips the allocator
 
+    def release(self) -> None:
+        """Free the cache and the captured graphs (``Engine.sleep``); ``ensure`` allocates again."""
+        self.k, self.v = [], []
+        self.slots = self.length = 0
+        self._captured.clear()
+        self._pool = None
+
     # ------------------------------------------------------------ pieces
 
     def _qkv(self, attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -18,6 +18,11 @@ field when set to anything but their neutral value, never silently ignored.
 admission stops and the call returns once they finished; ``keep``: they freeze in their slots until ``/resume``, and a
 weight update made meanwhile applies to their next tokens, each token keeping its version), ``POST /resume``, ``GET
 /is_paused`` -> ``{"is_paused": bool}``. Requests that arrive while paused wait (they are not refused).
+
+``POST /sleep?level=1|2`` (vLLM's sleep mode): the requests in flight finish, the KV cache and CUDA graphs are
+freed and, on a GPU, the weights go to host memory (level 2 keeps them there too, rather than discarding them);
+``POST /wake_up`` brings them back and resumes; ``GET /is_sleeping``. A weight update while asleep loads into the
+host copy.
 """
 
 from __future__ import annotations
@@ -154,8 +159,29 @@ def add_engine_routes(app: FastAPI, policy: Any, model_name: str) -> None:
 
     @app.post("/resume")
     async def resume() -> Any:
+        if policy.engine.sleeping:
+            return _error(409, "the engine is asleep: POST /wake_up resumes it", "sleep")
         policy.engine.resume()
         return {"success": True, "is_paused": False}
+
+    @app.post("/sleep")
+    async def sleep(level: int = Query(1)) -> Any:
+        if level not in (1, 2):
+            return _error(400, f"level: expected 1 or 2, got {level}", "level")
+        try:
+            await asyncio.to_thread(policy.engine.sleep, level)
+        except EngineTimeout as exc:
+            return _error(503, str(exc), "level")
+        return {"success": True, "is_sleeping": True, "level": level}
+
+    @app.post("/wake_up")
+    async def wake_up() -> Any:
+        await asyncio.to_thread(policy.engine.wake_up)
+        return {"success": True, "is_sleeping": False}
+
+    @app.get("/is_sleeping")
+    async def is_sleeping() -> Any:
+        return {"is_sleeping": bool(policy.engine.sleeping)}
 
     @app.get("/is_paused")
     async def is_paused() -> Any:

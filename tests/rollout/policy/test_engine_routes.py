@@ -98,3 +98,22 @@ def test_pause_abort_ends_requests_in_flight(served: tuple[str, HFPolicy], tiny:
     assert httpx.post(f"{root}/pause", params={"mode": "later"}, timeout=30).json()["error"]["param"] == "mode"
     httpx.post(f"{root}/resume", timeout=30)
     assert _generate(root, token_ids=ids, sampling_params={"max_tokens": 3}).json()["usage"]["completion_tokens"] == 3
+
+
+def test_sleep_frees_the_cache_and_wake_up_resumes(served: tuple[str, HFPolicy], tiny: Any) -> None:
+    root, policy = served
+    ids = tiny[1].encode("hi")
+    first = _generate(root, token_ids=ids, sampling_params={"max_tokens": 5, "seed": 2}).json()["choices"][0]["token_ids"]
+    assert httpx.post(f"{root}/sleep", params={"level": 1}, timeout=30).status_code == 200
+    assert httpx.get(f"{root}/is_sleeping", timeout=30).json() == {"is_sleeping": True}
+    assert policy.engine.slots.slots == 0 and policy.engine.slots.k == []
+    assert httpx.post(f"{root}/resume", timeout=30).json()["error"]["param"] == "sleep"
+    assert httpx.post(f"{root}/sleep", params={"level": 3}, timeout=30).json()["error"]["param"] == "level"
+    result: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: result.update(r=_generate(root, token_ids=ids, sampling_params={"max_tokens": 5, "seed": 2})))
+    t.start()
+    time.sleep(0.3)
+    assert "r" not in result  # held while asleep
+    assert httpx.post(f"{root}/wake_up", timeout=30).json()["is_sleeping"] is False
+    t.join(60)
+    assert result["r"].json()["choices"][0]["token_ids"] == first
