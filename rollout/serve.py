@@ -58,13 +58,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, cast
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollout.engine_routes import add_engine_routes
 from rollout.errors import ServeError
 from rollout.harnesses.parsing import extract_text
 from rollout.policy.hf import HFPolicy
@@ -289,7 +290,8 @@ def create_app(
                 status = 409 if exc.field == "version" else 400
                 raise _HTTPError(status, str(exc), param=exc.field) from exc
             try:
-                async with gate.swap(req.drain_timeout_s) as paused:
+                keep = policy.use_engine and policy.engine.paused_mode == "keep"  # vLLM's pause(keep) -> update -> resume
+                async with (nullcontext(0) if keep else gate.swap(req.drain_timeout_s)) as paused:
                     paused_at = time.monotonic()
                     try:
                         await asyncio.to_thread(policy.load_state_dict, state, version)
@@ -396,6 +398,7 @@ def create_app(
             "agentenv": _ext(g),
         }
 
+    add_engine_routes(app, policy, model_name)  # vLLM's /inference/v1/generate, /pause, /resume, /is_paused
     return app
 
 

@@ -39,6 +39,17 @@ fresh nondeterministic seed per turn.
 under a writer lock; ``generate`` holds the reader side for its whole turn, so a
 turn sees exactly one version, and ``Generation.policy_version`` names it.
 
+**The engine (default).** For a supported model family (``rollout.engine_model.
+supports``: Qwen2/3, Llama, Mistral) every turn goes to one ``rollout.engine.
+Engine`` owned by the policy, so all the episodes in flight on a worker decode
+together in one batch, on CPU too. The rules above hold unchanged (same
+logprob, stops, budget, one version per turn: a weight load waits for the
+turns in flight, ``Engine.update_weights(mode="wait")``); only the draw
+differs: a turn's ``turn_seed`` seeds the uniforms of an inverse-CDF sampler
+(``rollout.engine_sampling``), so a seeded turn samples the same tokens alone
+or in any batch. ``engine=False`` (or an unsupported model) is the
+one-sequence-per-turn loop below, ``torch.multinomial`` on the turn's generator.
+
 >>> policy = HFPolicy("tiny")                                              # doctest: +SKIP
 >>> gen = await policy.generate(Prompt(token_ids=ids), SamplingParams(seed=1, stop=("</tool_call>",)))
 """
@@ -54,11 +65,13 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from rollout.engine import Engine, EngineError, EngineOutput, EngineRequest
+from rollout.engine_model import supports
 from rollout.policy.models import load_model, place
 from rollout.policy.types import FinishReason, Generation, Policy, PolicyError, Prompt, SamplingParams, ThinkingBudget
 from rollout.tokenizer import EOT
@@ -165,6 +178,8 @@ class HFPolicy(Policy):
         version: int = 0,
         name: str | None = None,
         stop_token_ids: Sequence[int] | None = None,
+        engine: bool | None = None,
+        engine_options: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(model_or_path, (str, os.PathLike)):
             model, loaded_tok = load_model(str(model_or_path), device=device, dtype=dtype)
@@ -187,6 +202,37 @@ class HFPolicy(Policy):
         self.stop_token_ids = frozenset(stop_token_ids) if stop_token_ids is not None else frozenset(ids)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5
+        if engine and not supports(self.model):
+            raise ValueError(f"{self.name}: engine=True but model_type {self.model.config.model_type!r} has no engine forward")
+        self.use_engine = supports(self.model) if engine is None else bool(engine)
+        self.engine_options = dict(engine_options or {})
+        self._engine: Engine | None = None
+        self._engine_lock = threading.Lock()
+
+    @property
+    def engine(self) -> Engine:
+        """The batching engine every turn goes through (started on first use)."""
+        if self._engine is None:
+            with self._engine_lock:
+                if self._engine is None:
+                    self._engine = Engine(
+                        self.model, self.tokenizer, version=self._version, name=self.name, tokenizer_lock=self._tok_lock,
+                        eot_id=self.eot_id, **self.engine_options,
+                    )
+        return self._engine
+
+    @property
+    def in_flight(self) -> int:
+        """Turns being generated now (waiting or running)."""
+        if self.use_engine:
+            return self.engine.running + self.engine.waiting
+        return self._lock._readers
+
+    def close(self) -> None:
+        """Stop the engine thread (turns still in flight fail); the policy can start a new one later."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
     # ------------------------------------------------------------ weights
 
@@ -201,8 +247,12 @@ class HFPolicy(Policy):
         every ``Generation`` comes from one version only.
         """
         with self._lock.write():
-            with torch.no_grad():
-                self.model.load_state_dict(dict(state), strict=True)
+            if self._engine is not None:  # keep-paused (a server's /pause?mode=keep): the frozen turns resume on these
+                mode: Literal["wait", "keep"] = "keep" if self._engine.paused_mode == "keep" else "wait"
+                self._engine.update_weights(state, int(version), mode=mode)
+            else:
+                with torch.no_grad():
+                    self.model.load_state_dict(dict(state), strict=True)
             self._version = int(version)
 
     def set_weights(self, weights: Mapping[str, torch.Tensor] | torch.nn.Module, version: int) -> None:
@@ -215,8 +265,41 @@ class HFPolicy(Policy):
     async def generate(
         self, prompt: Prompt, sampling: SamplingParams, budget: ThinkingBudget | None = None
     ) -> Generation:
-        """One turn; the torch work runs in a thread so the event loop stays free."""
-        return await asyncio.to_thread(self.generate_sync, prompt, sampling, budget)
+        """One turn; the torch work runs in the engine's thread (or a worker thread) so the event loop stays free."""
+        if not self.use_engine:
+            return await asyncio.to_thread(self.generate_sync, prompt, sampling, budget)
+        start = time.monotonic()
+        request, ids = self._request(prompt, sampling, budget)
+        try:
+            out = await self.engine.generate(request)
+        except EngineError as exc:
+            raise PolicyError(f"{self.name}: generation failed ({type(exc).__name__}: {exc})") from exc
+        return _with_latency(self._generation(out, sampling), time.monotonic() - start)
+
+    def _request(self, prompt: Prompt, sampling: SamplingParams, budget: ThinkingBudget | None) -> tuple[EngineRequest, list[int]]:
+        _check(sampling)
+        ids = self.prompt_ids(prompt)
+        seed = None if sampling.seed is None else turn_seed(int(sampling.seed), sum(t == self.eot_id for t in ids))
+        request = EngineRequest(
+            prompt_ids=ids, max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+            stop_token_ids=frozenset(self.stop_token_ids), stop=tuple(s for s in sampling.stop if s), seed=seed, budget=budget,
+        )
+        return request, ids
+
+    def _generation(self, out: EngineOutput, sampling: SamplingParams) -> Generation:
+        versions = out.versions
+        return Generation(
+            text=self._decode(out.token_ids, skip_special=True),
+            token_ids=out.token_ids,
+            logprobs=out.logprobs,
+            finish_reason=out.finish_reason,
+            policy_version=min(versions) if versions else self.engine.version,
+            thinking_tokens=out.thinking_tokens,
+            sampled_mask=out.sampled_mask if 0 in out.sampled_mask else (),
+            budget_closed=out.budget_closed,
+            token_versions=versions if len(set(versions)) > 1 else (),
+            extra={"prompt_tokens": out.prompt_tokens, "temperature": sampling.temperature},
+        )
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """``Prompt.token_ids``, or the chat template's rendering of ``messages`` when none are given."""
@@ -237,6 +320,14 @@ class HFPolicy(Policy):
         self, prompt: Prompt, sampling: SamplingParams, budget: ThinkingBudget | None = None
     ) -> Generation:
         """``generate`` without the thread hop (the server and tests call it directly)."""
+        if self.use_engine:
+            start = time.monotonic()
+            request, _ = self._request(prompt, sampling, budget)
+            try:
+                out = self.engine.generate_sync(request)
+            except EngineError as exc:
+                raise PolicyError(f"{self.name}: generation failed ({type(exc).__name__}: {exc})") from exc
+            return _with_latency(self._generation(out, sampling), time.monotonic() - start)
         _check(sampling)
         start = time.monotonic()
         ids = self.prompt_ids(prompt)

@@ -31,6 +31,8 @@ class FinishReason(str, enum.Enum):
     # (max_new_tokens ran out during or right after the inserted close tag). When the model
     # did go on to act, the reason is STOP / LENGTH and ``Generation.budget_closed`` is True.
     BUDGET = "budget"
+    # The engine was paused with mode "abort" (vLLM's ``/pause?mode=abort``) or the request was cancelled.
+    ABORT = "abort"
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ class Generation:
     extra: Mapping[str, Any] = field(default_factory=dict)
     sampled_mask: tuple[int, ...] = ()  # empty: all sampled; else 1 sampled / 0 inserted, per token
     budget_closed: bool = False  # the thinking budget inserted the close tag in this turn
+    # The weight version of every token when they differ (a ``keep``-mode update mid-turn); empty: all
+    # ``policy_version``. ``policy_version`` is then the oldest, as staleness counts it.
+    token_versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -87,6 +92,10 @@ class Generation:
         if self.sampled_mask and len(self.sampled_mask) != len(self.token_ids):
             raise ValueError(
                 f"Generation: {len(self.token_ids)} token ids but {len(self.sampled_mask)} sampled_mask entries"
+            )
+        if self.token_versions and len(self.token_versions) != len(self.token_ids):
+            raise ValueError(
+                f"Generation: {len(self.token_ids)} token ids but {len(self.token_versions)} token_versions entries"
             )
 
     @property

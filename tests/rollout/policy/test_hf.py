@@ -143,9 +143,9 @@ def test_a_turn_sees_one_version_during_a_concurrent_swap(policy: HFPolicy, tiny
     )
     worker.start()
     deadline = time.monotonic() + 10
-    while policy._lock._readers == 0 and worker.is_alive() and time.monotonic() < deadline:
+    while policy.in_flight == 0 and worker.is_alive() and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert policy._lock._readers == 1, "the turn should still be in flight when the swap starts"
+    assert policy.in_flight == 1, "the turn should still be in flight when the swap starts"
     other, _ = tiny_model(seed=9, tokenizer=tiny[1])
     policy.set_weights(other, version=1)  # blocks until the turn in flight is done
     worker.join(10)

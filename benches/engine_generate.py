@@ -1,0 +1,253 @@
+"""Generation throughput at 72 and 256 concurrent turns: today's episode path vs plain ``generate`` vs the engine.
+
+    python -m benches.engine_generate                      # CPU, tiny model, CI-sized (about a minute on 2 cores)
+    python -m benches.engine_generate --h200 --json runs/bench_engine_generate.json   # Qwen2-0.5B shape, bf16, CUDA
+
+Three contenders on the same model and the same random prompts, in one run:
+
+- ``episode``: ``HFPolicy(engine=False).generate``, what every episode called before the engine: one
+  sequence per turn, turns of concurrent episodes in ``asyncio.to_thread`` threads (they do not batch, so
+  its tokens/s does not grow with concurrency: it is measured on ``--legacy-turns`` of the turns with
+  ``--legacy-new`` new tokens each, to keep the run short).
+- ``generate``: plain batched ``model.generate`` (left padding, DynamicCache, sampling at temperature 1,
+  EOS off), all turns in one batch, ``--baseline-new`` new tokens (fewer than ``--new`` on the H200, which
+  flatters it: its step time grows with the context).
+- ``engine``: ``rollout.engine.Engine``, the turns submitted at once as requests (temperature 1, own seeds,
+  no stop tokens), ``--new`` new tokens each; prefill included, warm-up (a full identical wave: CUDA
+  graph capture) excluded.
+
+Tokens/s counts new tokens only. ``roofline`` (CUDA): the decode roofline of bf16 weights + each
+step's KV read once at ``--hbm-tbs`` TB/s, averaged over the wave, and the engine's share of it.
+The ratios are the result (the machines are noisy); dev/LOG.md has the readings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from rollout.engine import Engine, EngineRequest
+from rollout.policy.hf import HFPolicy
+from rollout.policy.models import tiny_config
+from rollout.policy.types import Prompt, SamplingParams
+from rollout.tokenizer import build_tokenizer
+
+console = Console(width=150)
+GOALS = {"episode_72": 250.0, "generate_72": 7.0, "tokens_256": 10_000.0}  # issue 27, on the H200
+
+
+def model_config(h200: bool, tok: Any) -> Qwen2Config:
+    if not h200:
+        return tiny_config(tok, hidden_size=64, num_layers=2)
+    return Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                       num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, tie_word_embeddings=True)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def prompts(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+    return [torch.randint(0, vocab, (p,), generator=g).tolist() for p in lens]
+
+
+def run_episode_path(policy: HFPolicy, ps: list[list[int]], new: int, device: torch.device) -> dict[str, Any]:
+    async def main() -> list[Any]:
+        s = SamplingParams(temperature=1.0, max_new_tokens=new)
+        return await asyncio.gather(*(policy.generate(Prompt(token_ids=p), SamplingParams(**{**s.__dict__, "seed": i}))
+                                      for i, p in enumerate(ps)))
+
+    t0 = time.perf_counter()
+    out = asyncio.run(main())
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(g.token_ids) for g in out)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "turns": len(ps), "new": new}
+
+
+def run_generate(model: Any, ps: list[list[int]], new: int, device: torch.device) -> dict[str, Any]:
+    width = max(len(p) for p in ps)
+    ids = torch.zeros((len(ps), width), dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, p in enumerate(ps):
+        ids[i, width - len(p):] = torch.tensor(p)
+        attn[i, width - len(p):] = 1
+    ids, attn = ids.to(device), attn.to(device)
+
+    def go(k: int) -> torch.Tensor:
+        with torch.inference_mode():
+            return model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                  max_new_tokens=k, min_new_tokens=k, pad_token_id=0)
+
+    go(2)  # warm-up
+    _sync(device)
+    t0 = time.perf_counter()
+    out = go(new)
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    tokens = (out.shape[1] - width) * len(ps)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "turns": len(ps), "new": new}
+
+
+def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.device) -> dict[str, Any]:
+    def wave(seed: int) -> tuple[float, int, int]:
+        steps0 = engine.steps
+        t0 = time.perf_counter()
+        futs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=new, temperature=1.0, seed=seed + i))
+                for i, p in enumerate(ps)]
+        outs = [f.result() for f in futs]
+        _sync(device)
+        return time.perf_counter() - t0, sum(len(o.token_ids) for o in outs), engine.steps - steps0
+
+    warm_s, _, _ = wave(10_000)  # graph capture for every (batch, length) bucket the wave meets
+    seconds, tokens, steps = wave(0)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "turns": len(ps), "new": new,
+            "steps": steps, "ms_per_step": 1000 * seconds / max(steps, 1), "warmup_s": warm_s}
+
+
+def weight_sync(engine: Engine, model: Any, device: torch.device, repeats: int = 3) -> dict[str, float]:
+    """Seconds for an in-process weight update (``copy_`` of a full state dict already on the device), both modes."""
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    out: dict[str, float] = {}
+    for mode in ("wait", "keep"):
+        times = []
+        for _ in range(repeats):
+            _sync(device)
+            t0 = time.perf_counter()
+            engine.update_weights(state, engine.version + 1, mode=mode)  # type: ignore[arg-type]
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        out[mode] = sorted(times)[len(times) // 2]
+    out["bytes"] = float(sum(v.numel() * v.element_size() for v in state.values()))
+    return out
+
+
+def roofline(cfg: Qwen2Config, ps: list[list[int]], new: int, dtype_bytes: int, tbs: float) -> float:
+    """New tokens/s if every decode step only read the weights and the live KV once at ``tbs`` TB/s."""
+    hidden, heads, kv_heads, layers, inter, vocab = (int(x or 0) for x in (
+        cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers, cfg.intermediate_size,
+        cfg.vocab_size))
+    head_dim = hidden // heads
+    params = vocab * hidden + layers * (hidden * head_dim * (heads + kv_heads) * 2 + 3 * hidden * inter)
+    kv_per_token = layers * 2 * kv_heads * head_dim * dtype_bytes
+    total_s = 0.0
+    for t in range(new):
+        kv = sum(len(p) + t for p in ps) * kv_per_token
+        total_s += (params * dtype_bytes + kv) / (tbs * 1e12)
+    return len(ps) * new / total_s
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--h200", action="store_true", help="Qwen2-0.5B shape, bf16, CUDA; prompts 512-1536, 512 new tokens")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[72, 256])
+    ap.add_argument("--prompt-min", type=int)
+    ap.add_argument("--prompt-max", type=int)
+    ap.add_argument("--new", type=int)
+    ap.add_argument("--baseline-new", type=int, help="new tokens for the generate contender (default: --new; H200: 128)")
+    ap.add_argument("--legacy-turns", type=int, help="turns the episode path is measured on (default 24; H200: 8)")
+    ap.add_argument("--legacy-new", type=int, help="new tokens per episode-path turn (default: --new; H200: 32)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["episode", "generate"])
+    ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
+    ap.add_argument("--hbm-tbs", type=float, default=4.8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    h200 = args.h200
+    lo = args.prompt_min or (512 if h200 else 16)
+    hi = args.prompt_max or (1536 if h200 else 48)
+    new = args.new or (512 if h200 else 24)
+    base_new = args.baseline_new or (128 if h200 else new)
+    legacy_turns = args.legacy_turns or (8 if h200 else 24)
+    legacy_new = args.legacy_new or (32 if h200 else new)
+    device = torch.device("cuda" if h200 else "cpu")
+    dtype = torch.bfloat16 if h200 else torch.float32
+    if not h200:
+        torch.set_num_threads(args.threads)
+    tok = build_tokenizer()
+    cfg = model_config(h200, tok)
+    torch.manual_seed(args.seed)
+    with torch.device("cpu"):
+        model: Any = AutoModelForCausalLM.from_config(cfg)
+    model = model.to(device=device, dtype=dtype).eval()
+    legacy = HFPolicy(model, tok, device=device, engine=False, stop_token_ids=(), name="episode-path")
+    engine = Engine(model, max_slots=max(args.concurrency), max_len=hi + new)
+    engine.reserve(max(args.concurrency), hi + new)
+    rows: list[dict[str, Any]] = []
+    for n in args.concurrency:
+        ps = prompts(n, lo, hi, cfg.vocab_size, args.seed + n)
+        row: dict[str, Any] = {"concurrency": n}
+        if "episode" not in args.skip:
+            try:
+                row["episode"] = run_episode_path(legacy, ps[:legacy_turns], legacy_new, device)
+            except Exception as exc:  # noqa: BLE001 - today's path is the baseline; its failure is a reading too
+                row["episode_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                console.print(f"[red]episode path failed at {n} turns: {row['episode_error']}[/red]")
+        if "generate" not in args.skip:
+            row["generate"] = run_generate(model, ps, base_new, device)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        row["engine"] = run_engine(engine, ps, new, device)
+        if h200:
+            row["roofline_tokens_per_s"] = roofline(cfg, ps, new, 2, args.hbm_tbs)
+        rows.append(row)
+        console.print(f"[dim]{n} turns: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in row.items()
+                                                      if isinstance(v, dict)) + "[/dim]")
+        console.print(f"[dim]{json.dumps(row)}[/dim]")
+    sync = weight_sync(engine, model, device)
+    engine.close()
+    table = Table(title=f"generation tokens/s ({'H200, Qwen2-0.5B shape, bf16' if h200 else 'CPU, tiny model, fp32'}; "
+                        f"prompts {lo}-{hi}, {new} new tokens)")
+    for col in ("turns", "episode path", "generate", "engine", "engine / episode", "engine / generate", "ms / step",
+                "roofline share"):
+        table.add_column(col, justify="right")
+    for row in rows:
+        e = row["engine"]["tokens_per_s"]
+        ep = row.get("episode", {}).get("tokens_per_s")
+        ge = row.get("generate", {}).get("tokens_per_s")
+        roof = row.get("roofline_tokens_per_s")
+        table.add_row(str(row["concurrency"]), f"{ep:,.0f}" if ep else "-", f"{ge:,.0f}" if ge else "-", f"{e:,.0f}",
+                      f"{e / ep:,.1f}x" if ep else "-", f"{e / ge:,.2f}x" if ge else "-",
+                      f"{row['engine']['ms_per_step']:.1f}", f"{100 * e / roof:.1f}%" if roof else "-")
+    console.print(table)
+    console.print(f"in-process weight update ({sync['bytes'] / 2**20:,.0f} MiB, copy_ into the engine's model): "
+                  f"wait {sync['wait']:.4f} s, keep {sync['keep']:.4f} s (median of 3)")
+    if h200:
+        by_n = {r["concurrency"]: r for r in rows}
+        for n, key, goal, value in (
+            (72, "episode_72", GOALS["episode_72"], lambda r: r["engine"]["tokens_per_s"] / r["episode"]["tokens_per_s"]),
+            (72, "generate_72", GOALS["generate_72"], lambda r: r["engine"]["tokens_per_s"] / r["generate"]["tokens_per_s"]),
+            (256, "tokens_256", GOALS["tokens_256"], lambda r: r["engine"]["tokens_per_s"]),
+        ):
+            if n in by_n:
+                try:
+                    v = value(by_n[n])
+                    console.print(f"goal {key}: {v:,.1f} (>= {goal:,.0f}) {'met' if v >= goal else 'NOT met'}")
+                except KeyError:
+                    pass
+    result = {"h200": h200, "prompt_min": lo, "prompt_max": hi, "new": new, "baseline_new": base_new,
+              "legacy_turns": legacy_turns, "legacy_new": legacy_new, "rows": rows, "weight_sync_s": sync,
+              "torch": torch.__version__, "device": torch.cuda.get_device_name() if h200 else "cpu"}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

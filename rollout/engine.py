@@ -1,0 +1,595 @@
+"""One generation engine per worker or server, shared by every in-flight episode.
+
+Turns are submitted as ``EngineRequest`` s (prompt token ids + per-request
+sampling) from any thread or event loop; one engine thread admits them into
+free slots of a preallocated KV cache (``rollout.engine_model.SlotModel``),
+prefills the newcomers together (right-padded, in length-sorted chunks) and
+decodes every running request one token per step in one batch (continuous
+batching: a finished request frees its slot at once, a new one joins at the
+next step). On CUDA the decode step replays a CUDA graph per (batch, length)
+bucket. A request that arrives while the engine is idle waits up to
+``admission_window_s`` (2 ms on CUDA, none on CPU) for others, so a burst of
+turns is prefilled together; later ones join the running batch at the next step.
+
+**What a request gets back** (``EngineOutput``): the token ids, each one's
+logprob (``rollout.engine_sampling``: fp32 log-softmax at the request's
+temperature, before top-p), a sampled mask (0 for the close tag a thinking
+budget inserted), the weight version of every token, and why it stopped.
+Stopping and the thinking budget follow ``HFPolicy``'s rules exactly: a stop
+token is kept, a stop string ends the turn at the token that completes it,
+the budget's close tag is fed through the model one token per step.
+
+**Reproducible per request.** A request's randomness is its own: ``seed``
+seeds a generator that draws its uniforms up front, and each token is the
+inverse CDF at the next uniform. The same request samples the same tokens
+alone or in any batch (up to floating-point differences between batch shapes,
+which move a token only when a uniform falls within ~1e-7 of a CDF boundary).
+
+**Weights** (``update_weights(state, version, mode=...)``): copied in place
+(``copy_``: the cache and any captured graph stay valid) between steps.
+``mode="wait"`` (the default, ``HFPolicy``'s contract): admission stops, the
+requests in flight finish on the old weights, then the copy, then admission
+resumes, so every request sees one version. ``mode="keep"``: the running
+requests are held at the next step boundary, the weights are swapped, and they
+resume on the new ones; their tokens' versions split at the update (the keys
+and values already cached stay the old weights', as in vLLM's ``keep``).
+Both take ``timeout_s`` and raise ``EngineTimeout`` with nothing changed.
+``pause(mode)`` / ``resume()`` / ``is_paused`` are vLLM's ``/pause?mode=
+abort|wait|keep`` semantics for a server.
+
+>>> engine = Engine(model, tokenizer)                                         # doctest: +SKIP
+>>> out = engine.generate_sync(EngineRequest(prompt_ids=ids, max_new_tokens=64, seed=1))
+>>> out.token_ids, out.logprobs, out.versions
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import torch
+
+from rollout.engine_model import SlotModel, supports
+from rollout.engine_sampling import sample_rows, uniforms
+from rollout.policy.types import FinishReason, ThinkingBudget
+
+PauseMode = Literal["abort", "wait", "keep"]
+
+
+class EngineError(RuntimeError):
+    """The engine could not produce a request's output (a failed step, a closed engine)."""
+
+
+class EngineRequestError(EngineError, ValueError):
+    """A malformed request; the message names the field and what was expected."""
+
+
+class EngineTimeout(EngineError, TimeoutError):
+    """A weight update or pause that could not complete within its timeout; nothing was changed."""
+
+
+class EngineClosed(EngineError):
+    """The engine was closed with the request unfinished."""
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One turn to generate. ``seed`` seeds the request's own generator (None: nondeterministic)."""
+
+    prompt_ids: Sequence[int]
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: frozenset[int] = frozenset()
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    budget: ThinkingBudget | None = None
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """What a request produced. All per-token tuples have ``len(token_ids)`` entries."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    sampled_mask: tuple[int, ...]
+    versions: tuple[int, ...]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    thinking_tokens: int = 0
+    budget_closed: bool = False
+    queued_s: float = 0.0
+
+
+@dataclass
+class _Live:
+    """A request in a slot: what it has produced and what it feeds next."""
+
+    req: EngineRequest
+    fut: Future[EngineOutput]
+    ids: list[int]
+    u: list[float]
+    submitted: float
+    slot: int = -1
+    pos: int = 0  # the next cache position to write (= tokens in the slot)
+    feed: list[int] = field(default_factory=list)  # tokens to feed before the next logits are used
+    out: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logps: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    sampled: int = 0
+    thinking: int = 0
+    inside: bool = False
+    closed: bool = False
+    text: str = ""
+    tail: str = ""
+    close_ids: list[int] = field(default_factory=list)
+    finish: FinishReason | None = None
+
+
+def _bucket(n: int, sizes: Sequence[int]) -> int:
+    return next((s for s in sizes if s >= n), n)
+
+
+class Engine:
+    """The batching engine; see the module docstring.
+
+    ``model``: a supported causal LM (``rollout.engine_model.supports``), already
+    on its device and dtype. ``tokenizer``: needed only for stop strings and
+    thinking budgets (requests using them fail without one). ``max_slots`` /
+    ``max_len``: the most requests decoded at once and the longest prompt +
+    completion; the cache grows to them as needed (``reserve`` preallocates).
+    ``cuda_graphs``: None = on for CUDA models.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        max_slots: int = 256,
+        max_len: int | None = None,
+        admission_window_s: float | None = None,
+        prefill_tokens: int | None = None,
+        cuda_graphs: bool | None = None,
+        version: int = 0,
+        name: str = "engine",
+        tokenizer_lock: threading.Lock | None = None,
+        eot_id: int | None = None,
+    ) -> None:
+        if not supports(model):
+            raise EngineRequestError(f"{name}: model_type {getattr(model.config, 'model_type', None)!r} is not supported")
+        self.name = name
+        self.model = model
+        self.tokenizer = tokenizer
+        self._tok_lock = tokenizer_lock or threading.Lock()
+        self.eot_id = eot_id  # a thinking budget reads the prompt's text after the last one (the turn so far)
+        device = next(model.parameters()).device
+        self.max_slots = int(max_slots)
+        self.max_len = int(max_len or min(int(getattr(model.config, "max_position_embeddings", 4096)), 32768))
+        cuda = device.type == "cuda"
+        # On CUDA a burst of turns is worth one prefill batch; on CPU a turn is short and the window would be its cost.
+        self.admission_window_s = float(admission_window_s if admission_window_s is not None else (0.002 if cuda else 0.0))
+        self.prefill_tokens = int(prefill_tokens or (32768 if cuda else 4096))
+        graphs = cuda if cuda_graphs is None else bool(cuda_graphs) and cuda
+        # On CUDA the decode batch and attended length are rounded up to buckets (one graph each); on CPU exact.
+        sizes = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144, 160, 192, 224, 256, 320, 384, 448, 512) if cuda else ()
+        self.slot_sizes = tuple(s for s in sizes if s < self.max_slots) + ((self.max_slots,) if cuda else ())
+        self.len_step = 256 if cuda else 1
+        self._cap_len = -(-self.max_len // self.len_step) * self.len_step  # the cache's longest (aligned) length
+        self.slots = SlotModel(model, slots=min(8, self.max_slots), length=min(512 if cuda else 64, self.max_len), graphs=graphs)
+        self._version = int(version)
+        self._cond = threading.Condition()
+        self._step = threading.Lock()  # held for every forward; a weight copy takes it between steps
+        self._waiting: collections.deque[_Live] = collections.deque()
+        self._running: dict[int, _Live] = {}
+        self._free: list[int] = []
+        self._draining = 0  # wait-mode updates / pauses in progress: no admission
+        self._held = False  # keep: no steps
+        self._paused: PauseMode | None = None
+        self._closed = False
+        self._sleeping = 0
+        self._ids = itertools.count()
+        self.steps = 0
+        self.tokens_out = 0
+        self._thread = threading.Thread(target=self._loop, name=f"{name}-loop", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ public API
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused is not None
+
+    @property
+    def paused_mode(self) -> PauseMode | None:
+        """The mode of the pause in force (``pause``), None when generating."""
+        return self._paused
+
+    def reserve(self, slots: int, length: int) -> None:
+        """Preallocate the cache for ``slots`` requests of ``length`` tokens (no growth, no recapture later)."""
+        with self._step:
+            self.slots.ensure(min(slots, self.max_slots), min(-(-length // self.len_step) * self.len_step, self._cap_len))
+
+    def submit(self, request: EngineRequest) -> Future[EngineOutput]:
+        """Queue ``request``; the future resolves to its ``EngineOutput``. Malformed: ``EngineRequestError`` at once."""
+        self._validate(request)
+        fut: Future[EngineOutput] = Future()
+        if not request.request_id:
+            request = replace(request, request_id=f"req-{next(self._ids)}")
+        u = uniforms(request.seed, request.max_new_tokens).tolist()
+        live = _Live(request, fut, [int(t) for t in request.prompt_ids], u, time.monotonic())
+        with self._cond:
+            if self._closed:
+                raise EngineClosed(f"{self.name}: closed")
+            self._waiting.append(live)
+            self._cond.notify_all()
+        return fut
+
+    async def generate(self, request: EngineRequest) -> EngineOutput:
+        """``submit`` awaited on the caller's event loop (cancelling it frees the request's slot)."""
+        return await asyncio.wrap_future(self.submit(request))
+
+    def generate_sync(self, request: EngineRequest, timeout_s: float | None = None) -> EngineOutput:
+        return self.submit(request).result(timeout_s)
+
+    def update_weights(
+        self, state: Mapping[str, torch.Tensor], version: int, *, mode: Literal["wait", "keep"] = "wait", timeout_s: float = 600.0
+    ) -> None:
+        """Copy ``state`` into the model in place and set ``version``; see the module docstring for ``mode``."""
+        if mode not in ("wait", "keep"):
+            raise EngineRequestError(f"{self.name}: update_weights mode must be 'wait' or 'keep', got {mode!r}")
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            if mode == "wait":
+                self._draining += 1
+            else:
+                self._held = True
+            self._cond.notify_all()
+            try:
+                while mode == "wait" and self._running:
+                    if not self._cond.wait(max(0.0, deadline - time.monotonic())) and time.monotonic() >= deadline:
+                        raise EngineTimeout(
+                            f"{self.name}: weights version {version} not loaded: {len(self._running)} requests still "
+                            f"running after {timeout_s}s (mode 'wait')"
+                        )
+            except BaseException:
+                self._draining -= 1
+                self._cond.notify_all()
+                raise
+        try:
+            if not self._step.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise EngineTimeout(f"{self.name}: weights version {version} not loaded: a step outlasted {timeout_s}s")
+            try:
+                with torch.no_grad():
+                    self.model.load_state_dict(dict(state), strict=True)
+                self._version = int(version)
+            finally:
+                self._step.release()
+        finally:
+            with self._cond:
+                if mode == "wait":
+                    self._draining -= 1
+                else:
+                    self._held = self._paused == "keep"
+                self._cond.notify_all()
+
+    def pause(self, mode: PauseMode = "abort", timeout_s: float = 600.0) -> None:
+        """Stop generating (vLLM's ``/pause``): ``abort`` ends every request now (finish reason ``abort``, the
+        tokens so far returned); ``wait`` stops admission and returns once the running requests finished; ``keep``
+        freezes the running requests in their slots until ``resume``."""
+        if mode not in ("abort", "wait", "keep"):
+            raise EngineRequestError(f"{self.name}: pause mode must be 'abort', 'wait' or 'keep', got {mode!r}")
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._paused = mode
+            self._held = mode == "keep"
+            self._cond.notify_all()
+            if mode == "wait":
+                while self._running:
+                    if not self._cond.wait(max(0.0, deadline - time.monotonic())) and time.monotonic() >= deadline:
+                        raise EngineTimeout(f"{self.name}: {len(self._running)} requests still running after {timeout_s}s")
+        if mode == "abort":
+            with self._step:
+                with self._cond:
+                    victims = list(self._running.values()) + list(self._waiting)
+                    self._waiting.clear()
+                for live in victims:
+                    live.finish = FinishReason.ABORT
+                    self._complete(live)
+        elif mode == "keep":
+            self._step.acquire(timeout=max(0.0, deadline - time.monotonic()))  # the step in flight has ended
+            self._step.release()
+
+    @property
+    def sleeping(self) -> int:
+        """The sleep level in force (``sleep``), 0 when awake."""
+        return self._sleeping
+
+    def sleep(self, level: int = 1, timeout_s: float = 600.0) -> None:
+        """vLLM's ``/sleep``: finish the requests in flight (``pause("wait")``), free the KV cache and the CUDA
+        graphs and, on a GPU, move the weights to host memory. Level 2 does the same here (the weights are kept,
+        on the host, rather than discarded). Requests submitted meanwhile wait for ``wake_up``."""
+        if level not in (1, 2):
+            raise EngineRequestError(f"{self.name}: sleep level must be 1 or 2, got {level!r}")
+        self.pause("wait", timeout_s)
+        with self._step:
+            self.slots.release()
+            if self.slots.device.type == "cuda":
+                self.model.to("cpu")  # in place (param.data): the engine's module references stay valid
+                torch.cuda.empty_cache()
+            self._sleeping = level
+
+    def wake_up(self) -> None:
+        """vLLM's ``/wake_up``: weights back on the device, the cache allocated again as requests need it."""
+        with self._step:
+            if self._sleeping and self.slots.device.type == "cuda":
+                self.model.to(self.slots.device)
+            self._sleeping = 0
+        self.resume()
+
+    def resume(self) -> None:
+        if self._sleeping:
+            raise EngineRequestError(f"{self.name}: asleep (level {self._sleeping}); wake_up resumes it")
+        with self._cond:
+            self._paused = None
+            self._held = False
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the engine thread; unfinished requests fail with ``EngineClosed``."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+        for live in list(self._running.values()) + list(self._waiting):
+            if not live.fut.done():
+                live.fut.set_exception(EngineClosed(f"{self.name}: closed before request {live.req.request_id} finished"))
+
+    # ------------------------------------------------------------ validation
+
+    def _validate(self, r: EngineRequest) -> None:
+        where = f"{self.name}: request {r.request_id or '(new)'}"
+        if not r.prompt_ids:
+            raise EngineRequestError(f"{where}: prompt_ids is empty (a prompt needs at least one token)")
+        bad = next((t for t in r.prompt_ids if not isinstance(t, int) or not 0 <= int(t) < self.slots.vocab), None)
+        if bad is not None or any(not isinstance(t, int) for t in r.prompt_ids):
+            raise EngineRequestError(f"{where}: prompt_ids holds {bad!r}, expected token ids in [0, {self.slots.vocab})")
+        if not isinstance(r.max_new_tokens, int) or r.max_new_tokens < 0:
+            raise EngineRequestError(f"{where}: max_new_tokens must be an int >= 0, got {r.max_new_tokens!r}")
+        if len(r.prompt_ids) + r.max_new_tokens > self.max_len:
+            raise EngineRequestError(
+                f"{where}: prompt_ids ({len(r.prompt_ids)} tokens) + max_new_tokens ({r.max_new_tokens}) exceeds "
+                f"the engine's max_len {self.max_len}"
+            )
+        if not r.temperature >= 0:
+            raise EngineRequestError(f"{where}: temperature must be >= 0, got {r.temperature}")
+        if not 0 < r.top_p <= 1:
+            raise EngineRequestError(f"{where}: top_p must be in (0, 1], got {r.top_p}")
+        if (r.stop or r.budget is not None) and self.tokenizer is None:
+            raise EngineRequestError(f"{where}: stop strings and thinking budgets need an engine built with a tokenizer")
+        if r.budget is not None and r.budget.max_thinking_tokens < 0:
+            raise EngineRequestError(f"{where}: budget.max_thinking_tokens must be >= 0, got {r.budget.max_thinking_tokens}")
+
+    # ------------------------------------------------------------ text helpers (stop strings, budget)
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        with self._tok_lock:
+            return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def _start_text(self, live: _Live) -> None:
+        b = live.req.budget
+        if b is None:
+            return
+        last = max((i for i, t in enumerate(live.ids) if t == self.eot_id), default=-1)
+        live.tail = self._decode(live.ids[last + 1 :])
+        live.inside = live.tail.rfind(b.open_tag) > live.tail.rfind(b.close_tag)
+        with self._tok_lock:
+            live.close_ids = list(self.tokenizer.encode(b.close_tag, add_special_tokens=False))
+
+    # ------------------------------------------------------------ the loop
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._has_work():
+                    self._cond.wait()
+                if self._closed:
+                    return
+                if not self._running and self.admission_window_s > 0:  # idle: let a burst gather
+                    self._cond.wait(self.admission_window_s)
+                admitted = self._admit()
+            try:
+                with self._step:
+                    self._iteration(admitted)
+            except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, never the engine
+                for live in admitted + list(self._running.values()):
+                    if live.finish is None:
+                        live.finish = FinishReason.STOP
+                        self._release(live)
+                        if not live.fut.done():
+                            live.fut.set_exception(EngineError(f"{self.name}: generation failed ({type(exc).__name__}: {exc})"))
+
+    def _has_work(self) -> bool:
+        if self._held:
+            return False
+        can_admit = self._waiting and not self._draining and self._paused is None
+        return bool(can_admit or self._running)
+
+    def _admit(self) -> list[_Live]:
+        """Move waiting requests into free slots (under ``_cond``)."""
+        admitted: list[_Live] = []
+        if self._draining or self._paused is not None:
+            return admitted
+        while self._waiting and len(self._running) + len(admitted) < self.max_slots:
+            live = self._waiting.popleft()
+            if live.fut.cancelled():
+                continue
+            admitted.append(live)
+        return admitted
+
+    def _slot(self) -> int:
+        if self._free:
+            self._free.sort()
+            return self._free.pop(0)
+        return len(self._running) + len(self._free)
+
+    def _iteration(self, admitted: list[_Live]) -> None:
+        fresh: list[_Live] = []
+        for live in admitted:
+            if live.req.max_new_tokens == 0:
+                live.finish = FinishReason.LENGTH
+                self._complete(live)
+                continue
+            live.slot = self._slot()
+            with self._cond:
+                self._running[live.slot] = live
+            self._start_text(live)
+            fresh.append(live)
+        if fresh:
+            need = max(self._running) + 1
+            longest = max(len(lv.ids) + lv.req.max_new_tokens for lv in fresh)
+            length = 1 << max(longest - 1, 1).bit_length() if self.len_step > 1 else longest
+            have = self.slots
+            if need > have.slots:  # grow geometrically: a reallocation copies the cache (and drops CUDA graphs)
+                need = max(_bucket(need, self.slot_sizes), min(2 * have.slots, self.max_slots))
+            if length > have.length:
+                length = max(length, min(2 * have.length, self._cap_len))
+            self.slots.ensure(min(need, self.max_slots), min(length, self._cap_len))
+            fresh.sort(key=lambda lv: len(lv.ids))
+            chunks: list[list[_Live]] = [[]]
+            for live in fresh:  # length-sorted chunks of at most prefill_tokens padded tokens
+                if chunks[-1] and (len(chunks[-1]) + 1) * len(live.ids) > self.prefill_tokens:
+                    chunks.append([])
+                chunks[-1].append(live)
+            for chunk in chunks:
+                logits_NV = self.slots.prefill([lv.slot for lv in chunk], [lv.ids for lv in chunk])
+                for lv in chunk:
+                    lv.pos = len(lv.ids)
+                self._use(chunk, logits_NV)
+        stepping = sorted((lv for lv in self._running.values() if lv.finish is None and lv.feed), key=lambda lv: lv.slot)
+        if not stepping or self._held:
+            return
+        top = stepping[-1].slot + 1
+        batch = min(_bucket(top, self.slot_sizes), self.slots.slots)
+        longest = max(lv.pos for lv in stepping) + 1
+        length = min(-(-longest // self.len_step) * self.len_step, self.slots.length)
+        tokens, pos = [0] * top, [0] * top
+        for lv in stepping:
+            tokens[lv.slot] = lv.feed.pop(0)
+            pos[lv.slot] = lv.pos
+            lv.pos += 1
+        logits_BV = self.slots.decode(tokens, pos, batch, length)
+        self.steps += 1
+        ready = [lv for lv in stepping if not lv.feed]
+        if ready:
+            rows = torch.tensor([lv.slot for lv in ready], device=logits_BV.device)
+            self._use(ready, logits_BV.index_select(0, rows))
+
+    def _use(self, ready: list[_Live], logits_NV: torch.Tensor) -> None:
+        """Sample (or insert the budget's close tag) for every request of ``ready`` (row i of ``logits_NV``)."""
+        version = self._version
+        sample: list[_Live] = []
+        rows: list[int] = []
+        for i, lv in enumerate(ready):
+            if lv.fut.cancelled():
+                lv.finish = FinishReason.ABORT
+                self._release(lv)
+                continue
+            b = lv.req.budget
+            if b is not None and lv.inside and lv.thinking >= b.max_thinking_tokens:
+                forced = lv.close_ids[: lv.req.max_new_tokens - len(lv.out)]
+                lv.out += forced
+                lv.mask += [0] * len(forced)
+                lv.logps += [0.0] * len(forced)
+                lv.versions += [version] * len(forced)
+                lv.closed, lv.inside = True, False
+                if len(lv.out) >= lv.req.max_new_tokens:
+                    lv.finish = FinishReason.BUDGET
+                    self._complete(lv)
+                    continue
+                lv.text = self._decode(lv.out)
+                lv.feed = list(forced)
+                continue
+            sample.append(lv)
+            rows.append(i)
+        if not sample:
+            return
+        if len(rows) < logits_NV.shape[0]:
+            logits_NV = logits_NV.index_select(0, torch.tensor(rows, device=logits_NV.device))
+        temp_N = torch.tensor([lv.req.temperature for lv in sample], dtype=torch.float32)
+        top_p_N = torch.tensor([lv.req.top_p for lv in sample], dtype=torch.float32)
+        u_N = torch.tensor([lv.u[lv.sampled] for lv in sample], dtype=torch.float64)
+        token_N, logp_N = sample_rows(logits_NV, temp_N, top_p_N, u_N)
+        tokens, logps = token_N.tolist(), logp_N.tolist()
+        for lv, token, logp in zip(sample, tokens, logps):
+            lv.out.append(token)
+            lv.mask.append(1)
+            lv.logps.append(logp)
+            lv.versions.append(version)
+            lv.sampled += 1
+            lv.thinking += int(lv.inside)
+            self.tokens_out += 1
+            req = lv.req
+            if token in req.stop_token_ids:
+                lv.finish = FinishReason.STOP
+            elif req.stop or req.budget is not None:
+                before = len(lv.text)
+                lv.text = self._decode(lv.out)
+                longest = max((len(s) for s in req.stop if s), default=0)
+                window = lv.text[max(0, before - longest) :]
+                if any(s and s in window for s in req.stop):
+                    lv.finish = FinishReason.STOP
+                elif req.budget is not None:
+                    full = lv.tail + lv.text
+                    lv.inside = full.rfind(req.budget.open_tag) > full.rfind(req.budget.close_tag)
+            if lv.finish is None and len(lv.out) >= req.max_new_tokens:
+                lv.finish = FinishReason.LENGTH
+            if lv.finish is not None:
+                self._complete(lv)
+            else:
+                lv.feed = [token]
+
+    def _release(self, lv: _Live) -> None:
+        with self._cond:
+            if lv.slot >= 0 and self._running.get(lv.slot) is lv:
+                del self._running[lv.slot]
+                self._free.append(lv.slot)
+            self._cond.notify_all()
+
+    def _complete(self, lv: _Live) -> None:
+        self._release(lv)
+        if lv.fut.done():
+            return
+        lv.fut.set_result(EngineOutput(
+            request_id=lv.req.request_id, token_ids=tuple(lv.out), logprobs=tuple(lv.logps), sampled_mask=tuple(lv.mask),
+            versions=tuple(lv.versions), finish_reason=lv.finish or FinishReason.ABORT, prompt_tokens=len(lv.ids),
+            thinking_tokens=lv.thinking, budget_closed=lv.closed, queued_s=0.0,
+        ))
+
+
+__all__ = [
+    "Engine", "EngineClosed", "EngineError", "EngineOutput", "EngineRequest", "EngineRequestError", "EngineTimeout",
+    "PauseMode",
+]

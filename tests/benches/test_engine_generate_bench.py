@@ -1,0 +1,22 @@
+"""``python -m benches.engine_generate`` end to end on a tiny model: every contender runs and the table's ratios exist."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benches.engine_generate import main
+
+pytestmark = pytest.mark.unit
+
+
+def test_engine_generate_bench_runs_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = main(["--concurrency", "3", "8", "--new", "6", "--legacy-turns", "2", "--json", str(out)])
+    assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(result["rows"]))
+    for row in result["rows"]:
+        assert row["engine"]["tokens"] == row["concurrency"] * 6 and row["engine"]["steps"] >= 5
+        assert row["episode"]["tokens"] == 2 * 6 and row["generate"]["tokens"] == row["concurrency"] * 6
+    assert result["weight_sync_s"]["keep"] > 0
