@@ -24,7 +24,7 @@ import datetime
 import os
 import socket
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -233,7 +233,7 @@ def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float, *, loc
     grads = [p.grad for p in params if p.grad is not None]
     if local and grads and all(_sharded_dim0(g) for g in grads):
         with torch.no_grad():
-            shards = [g.to_local() for g in grads]  # type: ignore[union-attr]
+            shards = [cast(DTensor, g).to_local() for g in grads]
             norm = torch.nn.utils.get_total_norm(shards, 2.0)
             if dist.get_world_size() > 1:
                 square = norm.square()
@@ -290,7 +290,8 @@ def local_optimizer_step(optimizer: torch.optim.Optimizer) -> bool:
                     state = optimizer.state.pop(p, None)
                     if state is not None:
                         kept[p] = state
-                        optimizer.state[shard] = {k: v.to_local() if isinstance(v, DTensor) else v for k, v in state.items()}
+                        optimizer.state[shard] = {k: v.to_local() if isinstance(v, DTensor) else v
+                                                  for k, v in state.items()}
                     local.append(shard)
                 g["params"] = local
         optimizer.step()

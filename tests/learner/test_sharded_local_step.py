@@ -52,10 +52,11 @@ def test_local_shard_steps_equal_the_dtensor_path_and_one_process(
     start = PolicyModel.from_config(tiny_config, seed=0)
     data = [random_items(12, vocab_size, seed=20 + k) for k in range(3)]
 
-    def sharded(**kw: bool) -> ShardedTrainer:
+    def sharded(local_optimizer: bool = True, keep_gathered: bool | None = None) -> ShardedTrainer:
         model = copy.deepcopy(start)
         shard_model(model, mesh)
-        return ShardedTrainer(model, LossConfig.dapo(), cfg, **kw)
+        return ShardedTrainer(model, LossConfig.dapo(), cfg, local_optimizer=local_optimizer,
+                              keep_gathered=keep_gathered)
 
     reference = Trainer(copy.deepcopy(start), LossConfig.dapo(), cfg)
     fast, plain = sharded(), sharded(local_optimizer=False, keep_gathered=False)
@@ -85,4 +86,4 @@ def test_local_shard_steps_equal_the_dtensor_path_and_one_process(
     _, optim_sd = get_state_dict(fast.model, fast.optimizer)
     assert len(optim_sd["state"]) == len(list(fast.model.parameters()))
     with torch.no_grad():  # no second reference to the gradients is left on the shards
-        assert all(p.to_local().grad is None for p in fast.model.parameters())
+        assert all(p.to_local().grad is None for p in fast.model.parameters())  # type: ignore[attr-defined]
