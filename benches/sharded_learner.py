@@ -56,12 +56,14 @@ from learner.trainer import Trainer
 from learner.types import LossConfig
 
 
-#: contenders: the fast path, and the sharded path with or without this bench's shortcuts (``ShardedTrainer``'s
-#: ``local_optimizer`` and ``keep_gathered``; "sharded-dtensor" is the sharded path as first measured)
+#: contenders: the fast path, and the sharded path with or without ``ShardedTrainer``'s shortcuts
+#: (``local_optimizer``, ``keep_gathered``: "sharded-dtensor" is the sharded path as first measured), or with
+#: fp32 FSDP parameters under bf16 autocast ("sharded-fp32": the fast path's numerics)
 CONTENDERS: dict[str, dict[str, Any] | None] = {
     "fast": None,
     "sharded": {},
     "sharded-dtensor": {"local_optimizer": False, "keep_gathered": False},
+    "sharded-fp32": {"param_dtype": "fp32"},
 }
 
 
@@ -151,7 +153,8 @@ def run(args: argparse.Namespace, contenders: Sequence[str], opts: argparse.Name
         t0 = time.perf_counter()
         kw = CONTENDERS[name]
         trainers[name] = Trainer(model, loss_cfg, tcfg) if kw is None else sharded_trainer(
-            model, loss_cfg, tcfg, device, param_dtype=opts.sharded_params, reshard_after_forward=opts.reshard, **kw)
+            model, loss_cfg, tcfg, device, **{"param_dtype": opts.sharded_params, **kw},
+            reshard_after_forward=opts.reshard)
         setup[name] = time.perf_counter() - t0
         warm[name] = []
         for k in range(args.warmup):  # the compile happens here
