@@ -3,12 +3,13 @@
 Run on the H200 (not in CI)::
 
     python -m benches.sharded_learner --verbose --out runs/bench_sharded.json
+    python -m benches.sharded_learner --contenders fast,sharded,sharded-bf16,sharded-dtensor --profile runs/prof
 
 and on any CPU with a tiny model, in seconds::
 
     python -m benches.sharded_learner --tiny
 
-Both contenders train the same model (Qwen2-0.5B-shaped, random weights, the
+Every contender trains the same model (Qwen2-0.5B-shaped, random weights, the
 same seed) on the same samples with the same loss and the same
 ``TrainerConfig`` (``benches.learner_gpu.packed_config``: packed 4096-token rows,
 8 rows per micro-batch, varlen attention, chunked logprobs with bf16 logits
@@ -19,21 +20,36 @@ kept, compiled layers, fused AdamW):
 - ``sharded``: what each rank of ``learner.group.LearnerGroup`` runs, here as
   rank 0 of a world of 1 in this process (no Ray: the device machine has none):
   a process group (NCCL on GPU, gloo on CPU), ``fully_shard`` per decoder layer
-  and the root with bf16 parameters and fp32 reduction on GPU, the weights
-  set from rank 0, ``learner.sharded_trainer.ShardedTrainer``.
+  and the root, the weights set from rank 0, ``learner.sharded_trainer.ShardedTrainer``.
+  At world size 1: fp32 FSDP parameters under bf16 autocast, layers not
+  resharded after forward and kept gathered between micro-batches, clipping and
+  fused AdamW on the local shards.
+- ``sharded-bf16``: the same with bf16 FSDP parameters (fp32 reduction), the
+  setting of more than one rank; ``sharded-dtensor``: bf16 parameters, AdamW and
+  clipping through DTensor, layers regathered each micro-batch (the sharded path
+  as first measured, 2026-12-04).
 
-H200 readings (torch 2.11.0+cu130, transformers 5.17; 5 timed steps of 64
-samples after 2 warm-up steps, one run each, so rough; step time stdev ~0.1 s):
-fast path 109.6k tokens/s, 35.8% MFU, peak 54.3 GiB; sharded at world size 1
-102.0k tokens/s, 33.3% MFU, peak 52.5 GiB: 2.5 points below (fwd+bwd 0.630 s
-vs 0.593 s, optimizer 23 ms vs 12 ms on DTensor shards); first-step loss
-|diff| 2.6e-5. With each layer resharded after forward (the multi-rank
-setting) 31.0%; with fp32 FSDP parameters under autocast 30.5%, so bf16
-parameters and no reshard at world size 1 are the defaults.
+Measurement: each contender is built and warmed up (2 steps: the compile), then
+the timed steps (20 by default) interleave them: round ``k`` runs step ``k``'s
+64 samples on every contender, in the listed order on even rounds and reversed
+on odd ones, so machine drift falls on all alike; the paired per-step ratio
+(same samples, adjacent in time) is the number to read. Printed: tokens/s and
+MFU over all timed steps, median [p25, p75] of per-step MFU and step time, the
+median phases, each contender's own peak memory (its parameters, gradients and
+optimizer state plus the most its step allocated above what was allocated
+before it: the contenders share the device), and per contender against ``fast``
+the paired step-time ratio and MFU points.
+
+H200 readings (torch 2.11.0+cu130, transformers 5.17; ``dev/LOG.md``, 2026-12-04):
+sharded at world size 1 (then named ``sharded-fp32``) against fast, 12 interleaved
+steps: step time x1.026 [1.010, 1.031], **-0.88 [-1.02, -0.34] MFU points**
+(-1.18 over all steps; fast 34.7%, sharded 33.5%), peak 56.0 vs 54.2 GiB. In
+another run of 20 steps, bf16 parameters with the local AdamW and kept gathers
+(then named ``sharded``): x1.062, -2.06 [-2.73, -1.32] points; as first measured
+(``sharded-dtensor``): x1.119, -3.69 [-4.74, -3.21] points.
 
 Every other flag is ``benches.learner_gpu``'s (``--steps``, ``--samples-per-step``,
-``--no-compile`` ...). MFU as there: model FLOPs / (time x peak); peak memory is
-``torch.cuda.max_memory_allocated`` per contender.
+``--no-compile`` ...). MFU as there: model FLOPs / (time x peak).
 """
 
 from __future__ import annotations
@@ -56,14 +72,15 @@ from learner.trainer import Trainer
 from learner.types import LossConfig
 
 
-#: contenders: the fast path, and the sharded path with or without ``ShardedTrainer``'s shortcuts
-#: (``local_optimizer``, ``keep_gathered``: "sharded-dtensor" is the sharded path as first measured), or with
-#: fp32 FSDP parameters under bf16 autocast ("sharded-fp32": the fast path's numerics)
+#: contenders: the fast path; the sharded path as the group runs it ("sharded": at world size 1 fp32 FSDP
+#: parameters under bf16 autocast, AdamW and clipping on the local shards, layers kept gathered between
+#: micro-batches); with bf16 FSDP parameters ("sharded-bf16", the multi-rank setting); and as first measured
+#: ("sharded-dtensor": bf16 parameters, AdamW through DTensor, layers regathered every micro-batch)
 CONTENDERS: dict[str, dict[str, Any] | None] = {
     "fast": None,
     "sharded": {},
-    "sharded-dtensor": {"local_optimizer": False, "keep_gathered": False},
-    "sharded-fp32": {"param_dtype": "fp32"},
+    "sharded-bf16": {"param_dtype": "bf16"},
+    "sharded-dtensor": {"param_dtype": "bf16", "local_optimizer": False, "keep_gathered": False},
 }
 
 
@@ -74,7 +91,7 @@ def _sync(device: torch.device) -> float:
 
 
 def sharded_trainer(
-    model: PolicyModel, loss_cfg: LossConfig, tcfg: Any, device: torch.device, *, param_dtype: str = "bf16",
+    model: PolicyModel, loss_cfg: LossConfig, tcfg: Any, device: torch.device, *, param_dtype: str = "auto",
     reshard_after_forward: bool | None = None, **trainer_kw: Any,
 ) -> Any:
     """Rank 0 of a world of 1: the group's own code path (``LearnerRank.setup``), without the Ray actor.
@@ -93,9 +110,10 @@ def sharded_trainer(
 
     mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("fsdp",))
     state = {k: v.detach().clone() for k, v in model.lm.state_dict().items()}
-    mixed = device.type == "cuda" and tcfg.bf16 is not False and param_dtype == "bf16"
+    mixed = device.type == "cuda" and tcfg.bf16 is not False
     shard_model(model, mesh, mixed_precision=mixed, compile_layers=tcfg.compile_layers,
-                activation_checkpointing=tcfg.activation_checkpointing, reshard_after_forward=reshard_after_forward)
+                activation_checkpointing=tcfg.activation_checkpointing, reshard_after_forward=reshard_after_forward,
+                bf16_params={"bf16": True, "fp32": False, "auto": None}[param_dtype])
     broadcast_weights(model, state)
     del state
     return ShardedTrainer(model, loss_cfg, tcfg, **trainer_kw)
@@ -204,8 +222,9 @@ def run(args: argparse.Namespace, contenders: Sequence[str], opts: argparse.Name
     out: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "model": "tiny" if args.tiny else "qwen2-0.5b-shape", "matmul_params": matmul_params(cfg),
-        "dtype": "bf16 (fast: autocast over fp32 weights; sharded: FSDP2 bf16 params, fp32 reduce + master)"
-        if bf16 else "fp32", "attn": args.attn, "seq_tokens": args.seq_tokens, "rows": args.rows,
+        "dtype": "bf16 autocast (fast: over fp32 weights; sharded: over FSDP2 fp32 params at world size 1, "
+        "sharded-bf16 / -dtensor: bf16 params; fp32 reduce + master)" if bf16 else "fp32",
+        "attn": args.attn, "seq_tokens": args.seq_tokens, "rows": args.rows,
         "logprob_chunk": args.logprob_chunk, "keep_logits": args.keep_logits, "compile": args.compile,
         "fused_adamw": args.fused_adamw, "samples_per_step": args.samples_per_step, "steps": args.steps,
         "warmup": args.warmup, "peak_tflops": args.peak_tflops, "torch": torch.__version__,
@@ -297,9 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help=f"comma list of {', '.join(CONTENDERS)} (interleaved in this order)")
     mine.add_argument("--profile", default=None, metavar="DIR",
                       help="after the timed steps, one more step of each under torch.profiler; tables to DIR")
-    mine.add_argument("--sharded-params", choices=("bf16", "fp32"), default="bf16",
-                      help="sharded path on GPU: FSDP2 bf16 parameters (default, the group's), or fp32 ones under "
-                      "bf16 autocast (the fast path's numerics)")
+    mine.add_argument("--sharded-params", choices=("auto", "bf16", "fp32"), default="auto",
+                      help="the \"sharded\" contender's FSDP2 parameters on GPU: auto (the group's: bf16 with more "
+                      "than one rank, fp32 under bf16 autocast at world size 1), bf16, or fp32")
     mine.add_argument("--reshard", action=argparse.BooleanOptionalAction, default=None,
                       help="reshard each layer after forward (default: only when world size > 1)")
     known, rest = mine.parse_known_args(argv)
