@@ -29,7 +29,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from learner.distributed import clip_grad_norm, full_grads, full_state_dict
+from learner.distributed import (
+    clip_grad_norm, full_grads, full_state_dict, local_optimizer_step, reshards_after_forward,
+)
 from learner.errors import CheckpointNotFound, DistributedError
 from learner.model import PolicyModel
 from learner.publish import WeightPublisher
@@ -47,14 +49,25 @@ class ShardedTrainer(Trainer):
     ``publisher`` is called on rank 0 only, with a CPU copy of the full weights
     gathered from every rank (``publish_timeout_s`` bounds it); the other ranks
     pass ``publishes=True`` so they join the gather.
+
+    ``local_optimizer``: clip and step AdamW on each rank's local shards
+    (``learner.distributed.clip_grad_norm`` / ``local_optimizer_step``: the same
+    arithmetic without DTensor's dispatch per operation; False: through DTensor).
+    ``keep_gathered``: keep every layer's gathered parameters from one
+    micro-batch's backward to the next forward, resharding after the step's
+    last backward only; None: when the layers are not resharded after forward
+    (world size 1 by default), where it costs no memory.
     """
 
     def __init__(
         self, model: PolicyModel, loss_cfg: LossConfig, cfg: TrainerConfig | None = None, *,
         publisher: WeightPublisher | None = None, publishes: bool = False, ref_model: PolicyModel | None = None,
+        local_optimizer: bool = True, keep_gathered: bool | None = None,
     ) -> None:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        self.local_optimizer = local_optimizer
+        self.keep_gathered = not reshards_after_forward(model) if keep_gathered is None else keep_gathered
         self._sink = publisher if self.rank == 0 else None
         self._host: PolicyModel | None = None
         super().__init__(model, loss_cfg, cfg, publisher=publisher if publisher is not None else
@@ -68,12 +81,18 @@ class ShardedTrainer(Trainer):
         return mine + [(micro[0], False)] * (rounds - len(mine))
 
     def _backward(self, loss: torch.Tensor, index: int, count: int, counts: bool) -> None:
-        self.model.set_requires_gradient_sync(index == count - 1)  # type: ignore[operator]
-        (loss * (self.world_size if counts else 0.0)).backward()
+        last = index == count - 1
+        self.model.set_requires_gradient_sync(last)  # type: ignore[operator]
+        if self.keep_gathered:  # gathered until the step's last backward: the weights do not change before it
+            self.model.set_reshard_after_backward(last)  # type: ignore[operator]
+        scale = self.world_size if counts else 0.0
+        (loss if scale == 1 else loss * scale).backward()  # x 1 is exact: no extra kernel at world size 1
 
     def _reduce_stats(
         self, acc: dict[str, float], w_min: float, w_max: float
     ) -> tuple[dict[str, float], float, float]:
+        if self.world_size == 1:  # nothing to add: skip the two collectives and the device round trip
+            return acc, w_min, w_max
         keys = sorted(acc)
         sums = torch.tensor([acc[k] for k in keys], dtype=torch.float64)
         ext = torch.tensor([w_min, -w_max], dtype=torch.float64)
@@ -84,7 +103,11 @@ class ShardedTrainer(Trainer):
         return dict(zip(keys, sums.tolist())), float(ext[0]), -float(ext[1])
 
     def _clip_grad_norm(self, max_norm: float) -> float:
-        return clip_grad_norm(self.model.parameters(), max_norm)
+        return clip_grad_norm(self.model.parameters(), max_norm, local=self.local_optimizer)
+
+    def _optimizer_step(self) -> None:
+        if not (self.local_optimizer and local_optimizer_step(self.optimizer)):
+            self.optimizer.step()  # the first step (creates the state as DTensors), or local_optimizer=False
 
     def carry_moments(self, optimizer_state: dict[str, Any] | None) -> None:
         """Start AdamW from another optimizer's full state (rank 0 passes it, keyed by parameter name; the others

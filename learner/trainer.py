@@ -194,6 +194,9 @@ class Trainer:
     def _clip_grad_norm(self, max_norm: float) -> float:
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
 
+    def _optimizer_step(self) -> None:
+        self.optimizer.step()
+
     def step(
         self,
         items: Sequence[TrainItem],
@@ -256,7 +259,7 @@ class Trainer:
         clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
         grad_norm = self._clip_grad_norm(clip)
         lr = float(self.scheduler.get_last_lr()[0])
-        self.optimizer.step()
+        self._optimizer_step()
         self.scheduler.step()
         self.state.step += 1
         self.state.data_position = (
