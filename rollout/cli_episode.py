@@ -102,9 +102,9 @@ async def run_cli_attempt(runner: EpisodeRunner, req: EpisodeRequest, started: f
         ctx = EpisodeContext(req, task, variant, get_harness(profile.emulated), sandbox)
         policy: Policy = bind(ctx) if callable(bind) else base
         session = Session(req.episode_id, policy, tokenizer, sampling=req.sampling or runner.sampling, max_calls=task.limits.max_turns)
-        server = GatewayServer(session, uds=os.path.join(gw_dir, GATEWAY_SOCKET))
-        await server.start()
         token = secrets.token_hex(16)
+        server = GatewayServer(session, uds=os.path.join(gw_dir, GATEWAY_SOCKET), token=token)
+        await server.start()
         for path, text in profile.setup_files(token).items():
             await runner._blocking(sandbox.write_file, path, text.encode())
         cmd = _cli_command(profile, variant.instruction, req.effort, task.limits.max_turns, spec.workdir)
