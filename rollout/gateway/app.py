@@ -42,7 +42,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rollout.gateway import replies
-from rollout.gateway.session import BudgetSpent, Session
+from rollout.gateway.session import BudgetSpent, PromptTooLong, Session
 from rollout.gateway.types import Api, GatewayError
 from rollout.gateway.wire import READERS, Conversation
 from rollout.policy.types import PolicyError
@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 
 MAX_BODY_BYTES = 32 << 20  # a request body past this is refused (413) before it is read in full
+_CLOSE = {"Connection": "close"}  # after a 413: the rest of the body is never read
 MAX_CONNECTIONS = 32  # concurrent connections and requests of one episode's listener; past it, 503
 
 
@@ -90,7 +91,7 @@ def make_app(session: Session, model_name: str = "agentenv-policy", token: str |
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             msg = f"request body of {declared} bytes is over the gateway's limit of {MAX_BODY_BYTES} bytes (MAX_BODY_BYTES)"
-            return JSONResponse(replies.anthropic_error("request_too_large", msg), status_code=413)
+            return JSONResponse(replies.anthropic_error("request_too_large", msg), status_code=413, headers=_CLOSE)
         return await call_next(request)
 
     async def handle(request: Request, api: Api, write: Callable[[Conversation, Any], Response]) -> Response:
@@ -101,7 +102,7 @@ def make_app(session: Session, model_name: str = "agentenv-policy", token: str |
             conv = READERS[api](body)
         except BodyTooLarge as exc:
             err = replies.anthropic_error("request_too_large", str(exc)) if anthropic else replies.openai_error("invalid_request_error", str(exc))
-            return JSONResponse(err, status_code=413)
+            return JSONResponse(err, status_code=413, headers=_CLOSE)
         except (ValueError, RecursionError) as exc:  # JSON errors, GatewayError
             param = getattr(exc, "param", "")
             log.warning("session %s: %s request refused (400): %s", session.id, api.value, exc)
@@ -112,6 +113,10 @@ def make_app(session: Session, model_name: str = "agentenv-policy", token: str |
         except BudgetSpent as exc:
             err = replies.anthropic_error("rate_limit_error", str(exc)) if anthropic else replies.openai_error("rate_limit_exceeded", str(exc))
             return JSONResponse(err, status_code=429)
+        except PromptTooLong as exc:
+            log.warning("session %s: %s", session.id, exc)
+            err = replies.anthropic_error("invalid_request_error", str(exc)) if anthropic else replies.openai_error("context_length_exceeded", str(exc))
+            return JSONResponse(err, status_code=400)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - PolicyError or a policy bug: the API's 500, the server lives on
@@ -147,7 +152,7 @@ def make_app(session: Session, model_name: str = "agentenv-policy", token: str |
 
             return JSONResponse({"input_tokens": await asyncio.to_thread(count)})
         except BodyTooLarge as exc:
-            return JSONResponse(replies.anthropic_error("request_too_large", str(exc)), status_code=413)
+            return JSONResponse(replies.anthropic_error("request_too_large", str(exc)), status_code=413, headers=_CLOSE)
         except (ValueError, RecursionError) as exc:
             return JSONResponse(replies.anthropic_error("invalid_request_error", str(exc)), status_code=400)
 
