@@ -103,7 +103,8 @@ async def run_cli_attempt(runner: EpisodeRunner, req: EpisodeRequest, started: f
         policy: Policy = bind(ctx) if callable(bind) else base
         session = Session(req.episode_id, policy, tokenizer, sampling=req.sampling or runner.sampling, max_calls=task.limits.max_turns)
         token = secrets.token_hex(16)
-        server = GatewayServer(session, uds=os.path.join(gw_dir, GATEWAY_SOCKET), token=token)
+        owner = getattr(sandbox, "user_ids", None)  # the socket and its folder: the sandbox user's alone
+        server = GatewayServer(session, uds=os.path.join(gw_dir, GATEWAY_SOCKET), token=token, owner=owner)
         await server.start()
         for path, text in profile.setup_files(token).items():
             await runner._blocking(sandbox.write_file, path, text.encode())

@@ -17,7 +17,9 @@ refused on its declared length before it is read, or as soon as the stream
 passes it; at most ``MAX_CONNECTIONS`` connections and requests at a time
 (uvicorn's ``limit_concurrency``: past it, 503); token counting runs in a
 worker thread, never on the event loop; with ``token=``, every request must
-present it (``Authorization: Bearer`` or ``x-api-key``), else 401.
+present it (``Authorization: Bearer`` or ``x-api-key``), else 401; with
+``owner=`` (the sandbox user's uid and gid), the socket (0600) and its folder
+(0700) belong to that user alone.
 
 Bad input never crashes the server: a malformed body is a 400 in the API's own
 error shape, a policy failure a 500 (``api_error`` / ``server_error``), a spent
@@ -197,13 +199,14 @@ class GatewayServer:
 
     def __init__(
         self, session: Session, *, uds: str | os.PathLike[str] | None = None, port: int | None = None,
-        model_name: str = "agentenv-policy", token: str | None = None,
+        model_name: str = "agentenv-policy", token: str | None = None, owner: tuple[int, int] | None = None,
     ) -> None:
         import uvicorn
 
         if (uds is None) == (port is None):
             raise GatewayError("GatewayServer: give exactly one of uds= or port=", "uds")
         self.session = session
+        self.owner = owner
         self.uds = str(uds) if uds is not None else None
         self.port = port
         self._sock: socket.socket | None = None
@@ -232,7 +235,20 @@ class GatewayServer:
                 raise GatewayError("gateway server stopped while starting")
             await asyncio.sleep(0.005)
         if self.uds is not None:
-            os.chmod(self.uds, 0o666)  # the sandbox user connects; the socket's folder is this episode's only
+            self._private()
+
+    def _private(self) -> None:
+        """With ``owner`` (the sandbox user's uid, gid): the socket and its folder are that user's alone
+        (0600 / 0700), so no other host user reaches them; without, the socket is 0666 in its folder."""
+        assert self.uds is not None
+        if self.owner is None:
+            os.chmod(self.uds, 0o666)
+            return
+        folder = os.path.dirname(self.uds)
+        uid, gid = self.owner
+        for path, mode in ((self.uds, 0o600), (folder, 0o700)):
+            os.chown(path, uid, gid, follow_symlinks=False)
+            os.chmod(path, mode, follow_symlinks=False)
 
     async def stop(self) -> None:
         self._server.should_exit = True
