@@ -341,7 +341,7 @@ def _tarinfo(entry: Entry, arcname: str, inodes: dict[tuple[int, int], str]) -> 
     """A tar header for an entry opened beneath the upper dir (``TarFile.gettarinfo`` without a path lookup)."""
     st = entry.st
     ti = tarfile.TarInfo(arcname)
-    ti.mode, ti.uid, ti.gid, ti.mtime = stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, int(st.st_mtime)
+    ti.mode, ti.uid, ti.gid, ti.mtime = stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime
     ti.uname = ti.gname = ""
     mode = st.st_mode
     if stat.S_ISREG(mode):

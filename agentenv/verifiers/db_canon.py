@@ -90,6 +90,8 @@ def dump(
     url: str, tables: list[str] | None = None, queries: list[str] | None = None, *, force_sqlalchemy: bool = False
 ) -> dict[str, Any]:
     """Canonical table contents (``tables`` or all) and the rows of each query, in order."""
+    if not force_sqlalchemy and url.startswith("sqlite:///"):
+        return _dump_sqlite3(url[len("sqlite:///") :], tables, queries)
     if not force_sqlalchemy and url.split("://", 1)[0] in ("postgresql", "postgresql+psycopg2"):
         try:
             import psycopg2
@@ -121,6 +123,44 @@ def dump(
         return out
     finally:
         engine.dispose()
+
+
+# The tables SQLAlchemy's ``inspect(engine).get_table_names()`` lists on SQLite.
+_SQLITE_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite~_%' ESCAPE '~' ORDER BY name"
+
+
+class _Sqlite3Text:
+    """``sqlalchemy.text`` for the checks above on a plain ``sqlite3`` connection (named parameters)."""
+
+    def __new__(cls, sql: str) -> str:  # type: ignore[misc]
+        return sql
+
+
+def _dump_sqlite3(path: str, tables: list[str] | None, queries: list[str] | None) -> dict[str, Any]:
+    """``dump`` of a SQLite file through the standard library (no SQLAlchemy import: a third of a
+    second per grading); the same values SQLAlchemy's ``text()`` queries return. ``path`` is the host's
+    private copy of the agent's file."""
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        names = sorted(tables) if tables is not None else [row[0] for row in conn.execute(_SQLITE_TABLES)]
+        out: dict[str, Any] = {"tables": {}, "queries": []}
+        for name in names:
+            _check_sqlite_table(conn, _Sqlite3Text, name)
+            cur = conn.execute('SELECT * FROM "%s"' % name.replace('"', '""'))
+            out["tables"][name] = _table([d[0] for d in cur.description], cur)
+        for query in queries or []:
+            try:
+                out["queries"].append({"rows": _rows(conn.execute(query))})
+            except sqlite3.Error as exc:  # a broken query is a result, worded as SQLAlchemy words it
+                name = type(exc).__name__
+                out["queries"].append({"error": f"{name}: {f'(sqlite3.{name}) {exc}'.splitlines()[0][:300]}"})
+            except Exception as exc:  # noqa: BLE001 - a broken query is a result (the agent dropped a table)
+                out["queries"].append(_query_error(exc))
+        return out
+    finally:
+        conn.close()
 
 
 # What a graded PostgreSQL name must be: an ordinary or partitioned table, with no user trigger.

@@ -97,3 +97,17 @@ def test_malformed_and_huge_files_are_the_agents_failure(tmp_path: Path) -> None
     result, elapsed = _verify(huge, tmp_path, tables=["items"])
     assert result.reward == 0.0 and (not result.invalid or result.invalid_cause == "agent"), result
     assert elapsed < DEADLINE_S
+
+
+def test_the_stdlib_sqlite_dump_equals_the_sqlalchemy_dump(tmp_path: Path) -> None:
+    from agentenv.verifiers.db_canon import dump
+
+    path = tmp_path / "types.sqlite"
+    _db(tmp_path, "types", "CREATE TABLE t (a INTEGER, b REAL, c TEXT, d BLOB, e DATE, f NUMERIC, g BOOLEAN);"
+        "INSERT INTO t VALUES (1, 2.5, 'x', x'00ff', '2024-01-02', 3.0, 1), (NULL, 1e300, '', x'', NULL, 0.1234567, 0);"
+        "CREATE TABLE u (z); INSERT INTO u VALUES ('q');")
+    path = tmp_path / "types.sqlite"
+    queries = ["SELECT a, b FROM t ORDER BY a", "SELECT * FROM missing"]
+    fast = dump(f"sqlite:///{path}", None, queries)
+    slow = dump(f"sqlite:///{path}", None, queries, force_sqlalchemy=True)
+    assert fast == slow
