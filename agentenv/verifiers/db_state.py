@@ -136,7 +136,7 @@ class DbStateVerifier(BaseVerifier):
         request.write_text(json.dumps({"url": f"sqlite:///{local}", "tables": tables, "queries": queries}))
         try:
             proc = subprocess.run(
-                [sys.executable, "-I", db_canon.__file__, str(request)],
+                [sys.executable, "-I", "-S", db_canon.__file__, str(request)],  # a SQLite dump needs the stdlib only
                 capture_output=True, timeout=self.sqlite_deadline_s, preexec_fn=_limit_memory, check=False,
             )
         except subprocess.TimeoutExpired as exc:
