@@ -14,7 +14,9 @@ the old code loses some of the time is lost at least once in a run:
 from __future__ import annotations
 
 import io
+import os
 import secrets
+import stat
 import tarfile
 import threading
 import uuid
@@ -26,6 +28,7 @@ import pytest
 
 from sandboxes.docker_backend import DockerBackend, DockerSandbox
 from sandboxes.errors import SnapshotError
+from sandboxes.overlay import readable_upper
 from sandboxes.types import SandboxSpec, SnapshotRef
 
 pytestmark = pytest.mark.docker
@@ -53,13 +56,19 @@ while True:  # each "d<i>" is a real directory half of the time, a symlink to th
 """
 
 SWAP_FIFO = """
-import os
+import ctypes, os
 os.chdir("/workspace/atk")
-with open("f", "w") as f:
-    f.write("regular\\n")
-os.mkfifo("p")
-while True:  # "f" is a regular file half of the time and a FIFO with no writer the other half
-    os.rename("f", "freal"); os.rename("p", "f"); os.rename("f", "p"); os.rename("freal", "f")
+names = [f"f{i}" for i in range(8)]
+for f in names:
+    with open(f, "w") as out:
+        out.write("regular\\n")
+    os.mkfifo(f + ".p")
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD, RENAME_EXCHANGE = -100, 2
+while True:  # each "f<i>" is a regular file half of the time, a FIFO with no writer the other half
+    for f in names:
+        if libc.renameat2(AT_FDCWD, f.encode(), AT_FDCWD, (f + ".p").encode(), RENAME_EXCHANGE) != 0:
+            os.rename(f, f + ".r"); os.rename(f + ".p", f); os.rename(f, f + ".p"); os.rename(f + ".r", f)
 """
 
 
@@ -129,17 +138,31 @@ def test_a_file_swapped_for_a_fifo_never_hangs_the_pack(backend: DockerBackend, 
         t.start()
         t.join(30)
         if t.is_alive():
-            # Release the hung host thread (a writer unblocks the FIFO's open) before failing.
-            sb.exec("pkill -f swap.py; cd /workspace/atk; for n in f p; do [ -p $n ] && (echo x > $n &); done; sleep 1")
+            _release_fifos(sb)
             t.join(10)
             pytest.fail(f"snapshot {i} of {ATTEMPTS} hung on a FIFO swapped in for a regular file")
         ref = box[0]
         if isinstance(ref, SnapshotRef):
             with tarfile.open(fileobj=io.BytesIO(_blob(ref))) as tar:
-                member = next((m for m in tar.getmembers() if m.name == "workspace/atk/f"), None)
-                if member is not None and member.isreg():
-                    assert tar.extractfile(member).read() in (b"regular\n", b"")
+                for member in tar.getmembers():
+                    if member.name.startswith("workspace/atk/f") and member.isreg():
+                        assert tar.extractfile(member).read() in (b"regular\n", b"")
     sb.close()
+
+
+def _release_fifos(sb: DockerSandbox) -> None:
+    """Unblock a host thread stuck opening a FIFO of the upper dir: a non-blocking writer on the host."""
+    sb.exec("pkill -f swap.py")
+    upper = readable_upper(sb)
+    assert upper is not None
+    atk = os.path.join(upper, "workspace", "atk")
+    for name in os.listdir(atk):
+        path = os.path.join(atk, name)
+        if stat.S_ISFIFO(os.lstat(path).st_mode):
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
 
 
 def _try_snapshot(sb: DockerSandbox) -> SnapshotRef | Exception:
