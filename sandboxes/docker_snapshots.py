@@ -279,12 +279,15 @@ def _pack_upper(
     entry it owns: every path is opened beneath ``upper`` with no symlink
     followed and typed by ``fstat`` of what was opened (``sandboxes.beneath``),
     so no host file is ever read and no FIFO or device is opened. A path whose
-    parent is no longer a directory, or that is gone, is left out, as the walk
-    would have left it out a moment later.
+    parent is no longer a directory (or was not packed as one), or that is gone,
+    is left out, as the walk would have left it out a moment later: the blob
+    never holds a member beneath a symlink member, which a restore refuses.
     """
     buf = io.BytesIO()
     total = 0
     inodes: dict[tuple[int, int], str] = {}
+    listed = set(paths)
+    packed_dirs: set[str] = set()  # a listed parent not packed as a directory: its children are left out
     root = os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     parent_rel, parent_fd = "", -1
     try:
@@ -293,9 +296,12 @@ def _pack_upper(
             info = tarfile.TarInfo(MANIFEST_NAME)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-            for path in sorted(paths):
+            for path in sorted(paths):  # a parent sorts before its children
                 deadline.check()
                 rel_parent, name = split(path)
+                parent_path = "/" + rel_parent
+                if parent_path in listed and parent_path not in packed_dirs:
+                    continue  # the parent was swapped for a symlink (or left out): a blob restore would refuse
                 if parent_fd < 0 or rel_parent != parent_rel:
                     if parent_fd >= 0:
                         os.close(parent_fd)
@@ -314,6 +320,8 @@ def _pack_upper(
                         continue  # a socket: nothing a fresh sandbox could hold
                     if entry.fd is not None:
                         ti.pax_headers = {**ti.pax_headers, **xattr_pax(entry.fd)}
+                    if ti.type == tarfile.DIRTYPE:
+                        packed_dirs.add(path)
                     if ti.type == tarfile.REGTYPE:
                         total += ti.size
                         if total > cap:

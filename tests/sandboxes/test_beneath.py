@@ -100,3 +100,24 @@ def test_a_pack_past_its_deadline_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DeadlinePassed):
         _pack(upper, ["/w/f"], seconds=-1)
     assert issubclass(DeadlinePassed, TimeoutError) and not issubclass(DeadlinePassed, SnapshotError)
+
+
+def test_a_child_of_a_parent_packed_as_a_symlink_is_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race the Docker swap test hit: the parent is read while a symlink, its child after it is a
+    directory again. A blob with a member beneath a symlink member is one a restore refuses."""
+    upper = tmp_path / "upper"
+    (upper / "w" / "real").mkdir(parents=True)
+    (upper / "w" / "real" / "f").write_text("sandbox")
+    (upper / "w" / "d").symlink_to("/etc")
+    plain = docker_snapshots.open_entry
+
+    def swap_back(parent_fd: int, name: str):  # noqa: ANN202
+        entry = plain(parent_fd, name)
+        if name == "d":  # read as a symlink; now a directory again
+            (upper / "w" / "d").unlink()
+            (upper / "w" / "real").rename(upper / "w" / "d")
+        return entry
+
+    monkeypatch.setattr(docker_snapshots, "open_entry", swap_back)
+    got = _pack(upper, ["/w", "/w/d", "/w/d/f"])
+    assert got["w/d"].issym() and "w/d/f" not in got  # type: ignore[union-attr]
