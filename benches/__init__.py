@@ -17,5 +17,7 @@ ratio is the result) and prints a table; most also write JSON. Not part of the l
 ``benches.publish``               ``python -m benches.publish``: weights through the Ray object store vs a
                                   checkpoint reload
 ``benches.distill_gpu``           ``python -m benches.distill_gpu``: LoRA teachers vs full copies; MOPD vs RL
+``benches.bounds``                ``python -m benches.bounds``: the host-side bounds of issue 26 (no-follow FAST
+                                  pack, bounded SQLite dump) vs the unbounded ways
 ================================  =============================================================================
 """
