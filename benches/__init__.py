@@ -19,5 +19,7 @@ ratio is the result) and prints a table; most also write JSON. Not part of the l
 ``benches.distill_gpu``           ``python -m benches.distill_gpu``: LoRA teachers vs full copies; MOPD vs RL
 ``benches.sharded_learner``       ``python -m benches.sharded_learner``: the FSDP2-sharded learner at world size 1
                                   vs the fast path (tokens/s, MFU, peak memory)
+``benches.bounds``                ``python -m benches.bounds``: the host-side bounds of issue 26 (no-follow FAST
+                                  pack, bounded SQLite dump) vs the unbounded ways
 ================================  =============================================================================
 """

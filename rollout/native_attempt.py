@@ -116,9 +116,10 @@ async def run_native_attempt(
             req.episode_id, bound, tokenizer, sampling=sampling, max_calls=task.limits.max_turns,
             max_tokens=task.limits.max_tokens, thinking_budget=req.thinking_budget,
         )
-        server = GatewayServer(session, uds=os.path.join(gw_dir, GATEWAY_SOCKET))
-        await server.start()
         token = secrets.token_hex(16)
+        owner = getattr(sandbox, "user_ids", None)  # the socket and its folder: the sandbox user's alone
+        server = GatewayServer(session, uds=os.path.join(gw_dir, GATEWAY_SOCKET), token=token, owner=owner)
+        await server.start()
         for path, text in profile.setup_files(token).items():
             await host.blocking(sandbox.write_file, path, text.encode())
         cmd = _native_command(profile, variant.instruction, req.effort, task.limits.max_turns, spec.workdir)

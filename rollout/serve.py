@@ -53,7 +53,9 @@ is ``HFPolicy``'s (fp32 log-softmax at the request's temperature, before top-p).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import os
 import threading
 import time
 import uuid
@@ -188,9 +190,36 @@ def split_tool_calls(text: str) -> tuple[str | None, str | None, list[dict[str, 
     return ex.text or None, ex.reasoning or None, calls
 
 
+API_KEY_ENV = "AGENTENV_SERVE_API_KEY"
+
+
+def check_api_key(request: Request, api_key: str | None) -> JSONResponse | None:
+    """A 401 unless ``api_key`` is None or the request presents it as ``Authorization: Bearer``."""
+    if api_key is None:
+        return None
+    auth = request.headers.get("authorization", "")
+    given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+    if hmac.compare_digest(given.encode(), api_key.encode()):
+        return None
+    error = {"message": "missing or wrong bearer token (--api-key)", "type": "authentication_error", "code": 401}
+    return JSONResponse({"success": False, "message": error["message"], "error": error}, 401)
+
+
+def checked_weights_path(model_path: str, weights_root: str | None) -> str:
+    """``model_path`` resolved, refused (400 naming the field) unless it lies beneath ``weights_root``."""
+    if weights_root is None:
+        return model_path
+    root = os.path.realpath(weights_root)
+    real = os.path.realpath(model_path)
+    if os.path.commonpath([root, real]) != root:
+        raise _HTTPError(400, f"model_path: {model_path!r} is outside the weights root {weights_root!r} (--weights-root)",
+                         param="model_path")
+    return real
+
+
 def create_app(
     policy: HFPolicy, model_name: str, *, default_max_tokens: int = 256, model_path: str | None = None,
-    effort_budgets: Mapping[str, int] | None = None,
+    effort_budgets: Mapping[str, int] | None = None, weights_root: str | None = None, api_key: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``policy`` under ``model_name``.
 
@@ -198,8 +227,18 @@ def create_app(
 
     ``model_path`` is what ``/get_model_info`` reports until the first weight
     update (default: ``model_name``); the loaded version is ``policy.version``.
+
+    ``weights_root``: ``/update_weights_from_disk`` loads only paths beneath it
+    (None: any path, for a loopback server of one user). ``api_key``: every
+    route needs ``Authorization: Bearer API_KEY`` (401 otherwise).
     """
     app = FastAPI(title="agentenv serve", version="1")
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next: Any) -> Any:
+        refused = check_api_key(request, api_key)
+        return refused if refused is not None else await call_next(request)
+
     tok = policy.tokenizer
     started = int(time.time())
     gate = UpdateGate()
@@ -279,13 +318,14 @@ def create_app(
         raw: object = req.version if req.version is not None else req.weight_version
         if raw is None:
             raise _HTTPError(400, "version: required (an int >= the loaded version)", param="version")
+        path = checked_weights_path(req.model_path, weights_root)
         async with swap_lock:  # one update at a time; the version check and the swap belong together
             previous = policy.version
             start = time.monotonic()
             try:
                 version = checked_version(raw, previous)
                 # Checked from the headers before anything pauses: a bad checkpoint never stops serving.
-                state = await asyncio.to_thread(read_checkpoint, req.model_path, policy.model)
+                state = await asyncio.to_thread(read_checkpoint, path, policy.model)
             except CheckpointMismatch as exc:
                 status = 409 if exc.field == "version" else 400
                 raise _HTTPError(status, str(exc), param=exc.field) from exc
@@ -437,8 +477,11 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, *, tim
 
 def serve(model: str, host: str = "127.0.0.1", port: int = 8000, *, device: str = "cpu", seed: int = 0,
           served_name: str | None = None, default_max_tokens: int = 256, version: int = 0,
-          effort_budgets: Mapping[str, int] | None = None) -> None:
-    """Load ``model`` (a local checkpoint path, or ``"tiny"``) as ``version`` and serve it until interrupted."""
+          effort_budgets: Mapping[str, int] | None = None, weights_root: str | None = None,
+          api_key: str | None = None) -> None:
+    """Load ``model`` (a local checkpoint path, or ``"tiny"``) as ``version`` and serve it until interrupted.
+
+    ``api_key`` defaults to the ``AGENTENV_SERVE_API_KEY`` environment variable (unset: no key)."""
     import uvicorn
 
     from rollout.policy.models import load_model
@@ -448,11 +491,12 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8000, *, device: str 
     loaded, tok = load_model(model, device=device, seed=seed)
     name = served_name or model
     policy = HFPolicy(loaded, tok, device=device, name=f"hf:{name}", version=version)
-    app = create_app(policy, name, default_max_tokens=default_max_tokens, model_path=model, effort_budgets=effort_budgets)
+    app = create_app(policy, name, default_max_tokens=default_max_tokens, model_path=model, effort_budgets=effort_budgets,
+                     weights_root=weights_root, api_key=api_key or os.environ.get(API_KEY_ENV) or None)
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 
 __all__ = [
-    "MAX_PROMPT_LOGPROBS", "VERSION_HEADER", "ChatRequest", "CompletionRequest", "UpdateWeightsRequest",
+    "API_KEY_ENV", "MAX_PROMPT_LOGPROBS", "VERSION_HEADER", "check_api_key", "checked_weights_path", "ChatRequest", "CompletionRequest", "UpdateWeightsRequest",
     "create_app", "serve", "serve_in_thread", "split_tool_calls",
 ]

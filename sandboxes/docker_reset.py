@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandboxes.channel import AGENT_DIR, AGENT_PATH
+from sandboxes.beneath import Deadline
 from sandboxes.overlay import OPAQUE_MARKERS, WHITEOUT_PREFIX, Keep, LowerView, user_xattrs, xattr_pax
 from sandboxes.host_view import HostView
 
@@ -190,7 +191,7 @@ class Resetter:
         first = self.helper({"kill": True, "clear": True, "scratch": self.scratch})
         self._check_clean(first)
         self._check_host()
-        changes = self.sb._backend.snapshots.changes(self.sb)
+        changes = self.sb._backend.snapshots.changes(self.sb, Deadline(self._left(), f"reset of sandbox {self.sb.id}"))
         deleted_paths, members = self._plan(changes.paths, changes.deleted, changes.opaque)
         if deleted_paths or members:
             blob = self._blob(deleted_paths, members)
@@ -260,7 +261,7 @@ class Resetter:
 
     def _verify(self) -> None:
         """The host's verdict, from the upper dir: every entry there equals the base image's."""
-        changes = self.sb._backend.snapshots.changes(self.sb)
+        changes = self.sb._backend.snapshots.changes(self.sb, Deadline(self._left(), f"reset of sandbox {self.sb.id}"))
         for path in changes.deleted:
             if self.base.lookup(path) is not None:
                 raise ResetRefused(f"base path {path} is still deleted")

@@ -13,7 +13,13 @@ What each kind captures:
   this process can read it (local daemon, root: a few ms for any image
   size), and the host tars them from there itself, user extended attributes
   included: nothing the sandbox user runs has a say in what a snapshot
-  holds. Where the upper dir is not readable here (a remote daemon), the
+  holds. The container runs on meanwhile, so every path is opened beneath
+  the upper dir with no symlink followed, typed by ``fstat`` of what was
+  opened, and only regular files are read (``sandboxes.beneath``): a
+  directory swapped for a symlink to a host directory, or a file swapped for
+  a FIFO, is left out, never read through or waited on; the walk and pack
+  together have a deadline (``HOST_PACK_TIMEOUT_S``), past which the
+  snapshot is refused. Where the upper dir is not readable here (a remote daemon), the
   paths come from ``container.diff()`` (the daemon walks the whole image,
   about 1.5 s on fuse-overlayfs) and the agent (root, authenticated; see
   ``sandboxes.agent``) tars them inside the container; a sandbox without
@@ -39,6 +45,7 @@ import io
 import json
 import os
 import secrets
+import stat
 import tarfile
 import tempfile
 from dataclasses import dataclass
@@ -48,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import docker.errors
 
 from sandboxes import labels
+from sandboxes.beneath import Deadline, DeadlinePassed, Entry, open_dir_beneath, open_entry, read_fd, split
 from sandboxes.errors import SnapshotError, SnapshotTooLarge, SpecError
 from sandboxes.overlay import Keep, readable_upper, walk_upper, xattr_pax
 from sandboxes.types import SnapshotKind, SnapshotRef
@@ -58,6 +66,7 @@ if TYPE_CHECKING:
 SNAPSHOT_REPOSITORY = "agentenv-snapshot"
 REBASE_AT = 100
 PACK_TIMEOUT_S = 300.0
+HOST_PACK_TIMEOUT_S = 120.0  # the host-side walk and pack of the upper dir, whatever the sandbox does meanwhile
 MANIFEST_NAME = ".agentenv-snapshot.json"  # same name as in agent.py
 MAX_SNAPSHOT_BYTES = 1 << 30  # the blob is built in memory: a bigger one (a huge sparse file) is refused
 
@@ -130,14 +139,21 @@ class DockerSnapshots:
     def _take_fast(self, sb: DockerSandbox) -> SnapshotRef:
         if not sb.has_agent:
             raise SnapshotError(f"sandbox {sb.id}: FAST snapshots need python3 in the image; use SnapshotKind.IMAGE")
-        changes = self.changes(sb)
+        deadline = Deadline(HOST_PACK_TIMEOUT_S, f"FAST snapshot of sandbox {sb.id}")
+        try:
+            return self._take_fast_within(sb, deadline)
+        except DeadlinePassed as exc:
+            raise SnapshotError(str(exc)) from exc
+
+    def _take_fast_within(self, sb: DockerSandbox, deadline: Deadline) -> SnapshotRef:
+        changes = self.changes(sb, deadline)
         image_id = sb.facts.image_id
         manifest = {"base_image_id": image_id, "deleted": changes.deleted, "opaque": changes.opaque}
         upper = readable_upper(sb)
         if upper is not None:
             # The blob is held in memory here and by the restoring agent, inside the sandbox's memory limit.
             cap = min(MAX_SNAPSHOT_BYTES, (sb.spec.memory_mb << 20) // 4)
-            blob = _pack_upper(upper, changes.paths, manifest, sb.id, cap)
+            blob = _pack_upper(upper, changes.paths, manifest, sb.id, cap, deadline)
         elif not sb.trusted:
             raise SnapshotError(f"sandbox {sb.id}: no FAST snapshot without the host's view of its files or a trusted agent")
         else:
@@ -161,11 +177,11 @@ class DockerSnapshots:
         sb.lineage = (ref.id, ref.depth)
         return ref
 
-    def changes(self, sb: DockerSandbox) -> Changes:
+    def changes(self, sb: DockerSandbox, deadline: Deadline | None = None) -> Changes:
         """What differs from the base image: from the overlay upper dir if readable, else ``diff``."""
         upper = readable_upper(sb)
         if upper is not None:
-            paths, deleted, opaque = walk_upper(upper)
+            paths, deleted, opaque = walk_upper(upper, deadline)
         else:
             paths, deleted, opaque = [], [], []
             for item in sb.container.diff() or []:
@@ -254,41 +270,107 @@ class DockerSnapshots:
             raise SnapshotError(f"snapshot {ref.id} was made by backend {ref.backend!r}, not {self._backend.name!r}")
 
 
-def _pack_upper(upper: str, paths: list[str], manifest: dict[str, Any], sandbox_id: str, cap: int) -> bytes:
-    """The FAST blob, tarred on the host from the upper dir (the files as the sandbox has them)."""
+def _pack_upper(
+    upper: str, paths: list[str], manifest: dict[str, Any], sandbox_id: str, cap: int, deadline: Deadline
+) -> bytes:
+    """The FAST blob, tarred on the host from the upper dir (the files as the sandbox has them).
+
+    The sandbox runs on while this reads its files, and its user may swap any
+    entry it owns: every path is opened beneath ``upper`` with no symlink
+    followed and typed by ``fstat`` of what was opened (``sandboxes.beneath``),
+    so no host file is ever read and no FIFO or device is opened. A path whose
+    parent is no longer a directory (or was not packed as one), or that is gone,
+    is left out, as the walk would have left it out a moment later: the blob
+    never holds a member beneath a symlink member, which a restore refuses.
+    """
     buf = io.BytesIO()
     total = 0
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        data = json.dumps(manifest).encode()
-        info = tarfile.TarInfo(MANIFEST_NAME)
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-        for path in sorted(paths):
-            host = os.path.join(upper, path.lstrip("/"))
-            try:
-                ti = tar.gettarinfo(host, arcname=path.lstrip("/"))
-            except FileNotFoundError:
-                continue  # removed since the walk
-            if ti is None:
-                continue  # a socket: nothing a fresh sandbox could hold
-            ti.uname = ti.gname = ""
-            ti.pax_headers = {**ti.pax_headers, **xattr_pax(host)}
-            if ti.isreg():
-                total += ti.size
-                if total > cap:
-                    raise SnapshotTooLarge(
-                        f"sandbox {sandbox_id}: snapshot over {cap >> 20} MiB (a quarter of memory_mb, at most 1 GiB) at {path}"
-                    )
+    inodes: dict[tuple[int, int], str] = {}
+    listed = set(paths)
+    packed_dirs: set[str] = set()  # a listed parent not packed as a directory: its children are left out
+    root = os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    parent_rel, parent_fd = "", -1
+    try:
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            data = json.dumps(manifest).encode()
+            info = tarfile.TarInfo(MANIFEST_NAME)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            for path in sorted(paths):  # a parent sorts before its children
+                deadline.check()
+                rel_parent, name = split(path)
+                parent_path = "/" + rel_parent
+                if parent_path in listed and parent_path not in packed_dirs:
+                    continue  # the parent was swapped for a symlink (or left out): a blob restore would refuse
+                if parent_fd < 0 or rel_parent != parent_rel:
+                    if parent_fd >= 0:
+                        os.close(parent_fd)
+                        parent_fd = -1
+                    try:
+                        parent_fd, parent_rel = open_dir_beneath(root, rel_parent), rel_parent
+                    except OSError:
+                        continue  # a parent swapped for a symlink (or a file) or removed since the walk
+                entry = open_entry(parent_fd, name)
+                if entry is None:
+                    continue  # removed since the walk
                 try:
-                    with open(host, "rb") as f:
-                        data = f.read(ti.size)  # as it is now: a file a racing daemon shrinks must not end the tar early
-                except FileNotFoundError:
-                    continue
-                ti.size = len(data)
-                tar.addfile(ti, io.BytesIO(data))
-            else:
-                tar.addfile(ti)
+                    arcname = path.lstrip("/")
+                    ti = _tarinfo(entry, arcname, inodes)
+                    if ti is None:
+                        continue  # a socket: nothing a fresh sandbox could hold
+                    if entry.fd is not None:
+                        ti.pax_headers = {**ti.pax_headers, **xattr_pax(entry.fd)}
+                    if ti.type == tarfile.DIRTYPE:
+                        packed_dirs.add(path)
+                    if ti.type == tarfile.REGTYPE:
+                        total += ti.size
+                        if total > cap:
+                            raise SnapshotTooLarge(
+                                f"sandbox {sandbox_id}: snapshot over {cap >> 20} MiB (a quarter of memory_mb, at most 1 GiB) at {path}"
+                            )
+                        assert entry.fd is not None
+                        # as it is now: a file a racing daemon shrinks must not end the tar early
+                        data = read_fd(entry.fd, ti.size, deadline)
+                        ti.size = len(data)
+                        tar.addfile(ti, io.BytesIO(data))
+                    else:
+                        tar.addfile(ti)
+                finally:
+                    if entry.fd is not None:
+                        os.close(entry.fd)
+    finally:
+        if parent_fd >= 0:
+            os.close(parent_fd)
+        os.close(root)
     return buf.getvalue()
+
+
+def _tarinfo(entry: Entry, arcname: str, inodes: dict[tuple[int, int], str]) -> tarfile.TarInfo | None:
+    """A tar header for an entry opened beneath the upper dir (``TarFile.gettarinfo`` without a path lookup)."""
+    st = entry.st
+    ti = tarfile.TarInfo(arcname)
+    ti.mode, ti.uid, ti.gid, ti.mtime = stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime
+    ti.uname = ti.gname = ""
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        inode = (st.st_ino, st.st_dev)
+        if st.st_nlink > 1 and inode in inodes and inodes[inode] != arcname:
+            ti.type, ti.linkname = tarfile.LNKTYPE, inodes[inode]
+        else:
+            ti.type, ti.size = tarfile.REGTYPE, st.st_size
+            inodes[inode] = arcname
+    elif stat.S_ISDIR(mode):
+        ti.type = tarfile.DIRTYPE
+    elif stat.S_ISLNK(mode):
+        ti.type, ti.linkname = tarfile.SYMTYPE, entry.link or ""
+    elif stat.S_ISFIFO(mode):
+        ti.type = tarfile.FIFOTYPE
+    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        ti.type = tarfile.CHRTYPE if stat.S_ISCHR(mode) else tarfile.BLKTYPE
+        ti.devmajor, ti.devminor = os.major(st.st_rdev), os.minor(st.st_rdev)
+    else:
+        return None
+    return ti
 
 
 def _append_from_archive(sb: DockerSandbox, blob: bytes, paths: list[str]) -> bytes:

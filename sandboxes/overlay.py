@@ -17,6 +17,7 @@ import posixpath
 import stat
 from typing import Any
 
+from sandboxes.beneath import Deadline, open_dir_beneath
 from sandboxes.channel import AGENT_DIR
 
 # Paths Docker itself provides in every container; never part of a snapshot.
@@ -30,23 +31,23 @@ INTERNAL_XATTRS = ("trusted.overlay.", "user.overlay.", "user.fuseoverlayfs.", "
 PAX_XATTR = "SCHILY.xattr."
 
 
-def user_xattrs(path: str) -> dict[str, bytes]:
-    """The extended attributes of ``path`` (not followed) that an episode could have set."""
+def user_xattrs(path: str | int) -> dict[str, bytes]:
+    """The extended attributes of ``path`` (not followed; or an open file descriptor) an episode could have set."""
     try:
-        names = os.listxattr(path, follow_symlinks=False)
+        names = os.listxattr(path) if isinstance(path, int) else os.listxattr(path, follow_symlinks=False)
     except OSError:
         return {}
     out = {}
     for name in names:
         if not name.startswith(INTERNAL_XATTRS):
             try:
-                out[name] = os.getxattr(path, name, follow_symlinks=False)
+                out[name] = os.getxattr(path, name) if isinstance(path, int) else os.getxattr(path, name, follow_symlinks=False)
             except OSError:
                 continue
     return out
 
 
-def xattr_pax(path: str) -> dict[str, str]:
+def xattr_pax(path: str | int) -> dict[str, str]:
     """``user_xattrs`` as PAX headers (values kept byte-exact through surrogateescape)."""
     return {PAX_XATTR + k: v.decode("utf-8", "surrogateescape") for k, v in user_xattrs(path).items()}
 
@@ -72,36 +73,77 @@ def readable_upper(sb: Any) -> str | None:
     return str(upper) if upper and os.access(upper, os.R_OK | os.X_OK) else None
 
 
-def walk_upper(upper: str) -> tuple[list[str], list[str], list[str]]:
-    """Changed paths, whiteouts (deleted) and opaque dirs of an overlay upper dir."""
+def walk_upper(upper: str, deadline: Deadline | None = None) -> tuple[list[str], list[str], list[str]]:
+    """Changed paths, whiteouts (deleted) and opaque dirs of an overlay upper dir.
+
+    The upper dir of a running container changes under the walk: every
+    directory is opened beneath ``upper`` with no symlink followed
+    (``sandboxes.beneath``), so a directory swapped for a symlink is skipped,
+    never listed through; an entry gone since its directory was listed is
+    skipped too. Past ``deadline``, ``DeadlinePassed``.
+    """
     paths: list[str] = []
     deleted: list[str] = []
     opaque: list[str] = []
-    for dirpath, dirs, files in os.walk(upper):
-        rel = os.path.relpath(dirpath, upper)
-        rel_dir = "/" if rel == "." else "/" + rel
-        for name in dirs + files:
-            target = posixpath.join(rel_dir, name)
-            if name in OPAQUE_MARKERS:
-                opaque.append(rel_dir)
-                continue
-            if name.startswith(WHITEOUT_PREFIX):
-                deleted.append(posixpath.join(rel_dir, name[len(WHITEOUT_PREFIX) :]))
-                continue
-            st = os.lstat(os.path.join(dirpath, name))
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                deleted.append(target)
-                continue
-            paths.append(target)
-            if stat.S_ISDIR(st.st_mode) and is_opaque(os.path.join(dirpath, name)):
-                opaque.append(target)
+    root = os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        todo = ["/"]
+        while todo:
+            rel_dir = todo.pop()
+            try:
+                dfd = open_dir_beneath(root, rel_dir)
+            except OSError:
+                continue  # swapped for a symlink or removed since it was listed
+            try:
+                for name in os.listdir(dfd):
+                    if deadline is not None:
+                        deadline.check()
+                    target = posixpath.join(rel_dir, name)
+                    if name in OPAQUE_MARKERS:
+                        opaque.append(rel_dir)
+                        continue
+                    if name.startswith(WHITEOUT_PREFIX):
+                        deleted.append(posixpath.join(rel_dir, name[len(WHITEOUT_PREFIX) :]))
+                        continue
+                    try:
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                        deleted.append(target)
+                        continue
+                    paths.append(target)
+                    if stat.S_ISDIR(st.st_mode):
+                        todo.append(target)
+                        if _opaque_at(dfd, name):
+                            opaque.append(target)
+            finally:
+                os.close(dfd)
+    finally:
+        os.close(root)
     return paths, deleted, sorted(set(opaque))
 
 
-def is_opaque(path: str) -> bool:
+def _opaque_at(dir_fd: int, name: str) -> bool:
+    """``is_opaque`` of directory ``name`` in ``dir_fd``, opened without following it."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        return is_opaque(fd)
+    finally:
+        os.close(fd)
+
+
+def is_opaque(path: str | int) -> bool:
+    """Whether a directory (a path, not followed, or an open file descriptor) is an opaque overlay dir."""
     for attr in OPAQUE_XATTRS:
         try:
-            if os.getxattr(path, attr, follow_symlinks=False) == b"y":
+            if isinstance(path, int):
+                if os.getxattr(path, attr) == b"y":
+                    return True
+            elif os.getxattr(path, attr, follow_symlinks=False) == b"y":
                 return True
         except OSError:
             continue

@@ -20,6 +20,12 @@ def serve(
     policy_version: int = typer.Option(
         0, min=0, help="Version of the weights MODEL holds (reported on every response; updates must not go below it)."
     ),
+    weights_root: str = typer.Option(
+        "", help="POST /update_weights_from_disk loads only directories beneath this one (default: any)."
+    ),
+    api_key: str = typer.Option(
+        "", envvar="AGENTENV_SERVE_API_KEY", help="Bearer token every route requires (401 otherwise); default: none."
+    ),
     effort_budget: list[str] = typer.Option(
         [], "--effort-budget", help="LEVEL=TOKENS: a request's reasoning_effort LEVEL closes thinking after TOKENS (repeat)"
     ),
@@ -39,6 +45,7 @@ def serve(
         budgets[level] = int(tokens)
     try:
         run(model, host, port, device=device, seed=seed, served_name=served_name or None, default_max_tokens=max_tokens,
-            version=policy_version, effort_budgets=budgets or None)
+            version=policy_version, effort_budgets=budgets or None, weights_root=weights_root or None,
+            api_key=api_key or None)
     except FileNotFoundError as exc:
         raise typer.BadParameter(str(exc), param_hint="MODEL") from exc

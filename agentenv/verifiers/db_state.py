@@ -5,7 +5,9 @@ Two ways in, one canonical form (``db_canon``):
 * **SQLite** (``sqlite:////workspace/app.db``): the database file, with its
   ``-wal`` / ``-journal`` companions when present (committed rows may still
   live only in the WAL), is copied out of the sandbox and opened on the host
-  with SQLAlchemy 2.
+  with SQLAlchemy 2, in a subprocess killed past ``SQLITE_DEADLINE_S`` (a
+  recursive view never returns); a graded name that is a view, a virtual
+  table or has triggers is refused (``db_canon.NotATable``).
 * **Any server URL** (``postgresql+psycopg2://agent@/shop?host=/tmp``): the
   server lives inside the sandbox and the network is off, so ``db_canon.py``
   is staged into a fresh directory and run *inside* with the image's Debian
@@ -16,13 +18,17 @@ Two ways in, one canonical form (``db_canon``):
 The state hash is compared with the hash of the same tables after the oracle
 ran on a fresh copy of the same variant (``Episode.oracle``, cached per task,
 variant and image). A failed replay is ``invalid`` ("oracle failed"), never the
-agent's failure. A missing or unreadable database, or a query that errors
-(a dropped table), is the agent's failure.
+agent's failure. A missing, unreadable, malformed or hanging database, a graded table
+replaced by a view, or a query that errors (a dropped table), is the
+agent's failure (reward 0).
 """
 
 from __future__ import annotations
 
 import json
+import resource
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -47,6 +53,12 @@ from sandboxes.types import Sandbox
 
 _SQLITE = "sqlite:///"
 _DB_CAP = 256 << 20  # a SQLite file larger than this is not one a task makes
+SQLITE_DEADLINE_S = 60.0  # the whole host-side dump of one SQLite database
+_DUMP_MEMORY = 2 << 30  # address space of the dumping subprocess
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (_DUMP_MEMORY, _DUMP_MEMORY))
 
 
 class AgentStateError(Exception):
@@ -84,6 +96,7 @@ def assertion_check(assertion: RowAssertion, outcome: dict[str, Any], query: str
 
 class DbStateVerifier(BaseVerifier):
     kind = "db_state"
+    sqlite_deadline_s = SQLITE_DEADLINE_S
 
     def __init__(self, spec: DbStateVerifierSpec, ctx: VerifierContext) -> None:
         super().__init__(spec.name, ctx)
@@ -111,10 +124,30 @@ class DbStateVerifier(BaseVerifier):
                 side = read_graded_file(sandbox, remote + suffix, cap=_DB_CAP)
                 if side is not None:
                     Path(f"{local}{suffix}").write_bytes(side)
-            try:
-                return db_canon.dump(f"sqlite:///{local}", tables, queries)
-            except Exception as exc:  # noqa: BLE001 - a corrupt file is the agent's doing
-                raise AgentStateError(f"database {remote} cannot be read: {type(exc).__name__}: {exc}") from exc
+            return self._dump_sqlite_bounded(local, remote, tables, queries)
+
+    def _dump_sqlite_bounded(self, local: Path, remote: str, tables: list[str] | None, queries: list[str]) -> dict[str, Any]:
+        """``db_canon.dump`` of the copied file in a subprocess, killed past ``sqlite_deadline_s``.
+
+        The file is the agent's: a recursive view, a huge or malformed file is its
+        failure (``AgentStateError``, reward 0), and none of it runs in this process.
+        """
+        request = local.parent / "request.json"
+        request.write_text(json.dumps({"url": f"sqlite:///{local}", "tables": tables, "queries": queries}))
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-I", "-S", db_canon.__file__, str(request)],  # a SQLite dump needs the stdlib only
+                capture_output=True, timeout=self.sqlite_deadline_s, preexec_fn=_limit_memory, check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise AgentStateError(f"database {remote} did not answer within {self.sqlite_deadline_s:g} s") from exc
+        if proc.returncode != 0:
+            last = (proc.stderr.decode(errors="replace").strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            raise AgentStateError(f"database {remote} cannot be read: {last[:400]}")
+        try:
+            return json.loads(proc.stdout.decode().splitlines()[-1])  # type: ignore[no-any-return]
+        except (IndexError, json.JSONDecodeError) as exc:
+            raise AgentStateError(f"database {remote}: garbled dump {proc.stdout[-200:]!r}") from exc
 
     def _dump_inside(self, sandbox: Sandbox, queries: list[str], tables: list[str] | None) -> dict[str, Any]:
         if self.spec.prepare:
@@ -127,8 +160,8 @@ class DbStateVerifier(BaseVerifier):
             result = sandbox.exec(["python3", "-I", f"{root}/db_canon.py", f"{root}/request.json"], timeout=120)
         finally:
             remove_dirs(sandbox, [root])
-        if result.timed_out:
-            raise VerifierError("dumping the database inside the sandbox timed out")
+        if result.timed_out:  # the oracle's state goes through the same dump: a hang there is the task's
+            raise AgentStateError("dumping the database inside the sandbox timed out (a recursive view?)")
         if not result.ok:
             # connection refused / database dropped: decided against the agent only if the server ran
             raise AgentStateError(f"cannot read {self.url}: {(result.stderr or result.stdout)[-400:]}")

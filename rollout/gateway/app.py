@@ -12,6 +12,15 @@ record and nothing else. Routes::
     GET  /v1/models                   the one model name served
     HEAD|GET /                        liveness (Claude Code probes HEAD /api/hello without the offline flags)
 
+Bounds (issue 26): a body over ``MAX_BODY_BYTES`` is a 413 naming the limit,
+refused on its declared length before it is read, or as soon as the stream
+passes it; at most ``MAX_CONNECTIONS`` connections and requests at a time
+(uvicorn's ``limit_concurrency``: past it, 503); token counting runs in a
+worker thread, never on the event loop; with ``token=``, every request must
+present it (``Authorization: Bearer`` or ``x-api-key``), else 401; with
+``owner=`` (the sandbox user's uid and gid), the socket (0600) and its folder
+(0700) belong to that user alone.
+
 Bad input never crashes the server: a malformed body is a 400 in the API's own
 error shape, a policy failure a 500 (``api_error`` / ``server_error``), a spent
 turn budget a 429, and the session keeps every record it had.
@@ -20,6 +29,7 @@ turn budget a 429, and the session keeps every record it had.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -34,7 +44,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rollout.gateway import replies
-from rollout.gateway.session import BudgetSpent, Session
+from rollout.gateway.session import BudgetSpent, PromptTooLong, Session
 from rollout.gateway.types import Api, GatewayError
 from rollout.gateway.wire import READERS, Conversation
 from rollout.policy.types import PolicyError
@@ -42,16 +52,59 @@ from rollout.policy.types import PolicyError
 log = logging.getLogger(__name__)
 
 
-def make_app(session: Session, model_name: str = "agentenv-policy") -> FastAPI:
-    """The ASGI app of one session."""
+MAX_BODY_BYTES = 32 << 20  # a request body past this is refused (413) before it is read in full
+_CLOSE = {"Connection": "close"}  # after a 413: the rest of the body is never read
+MAX_CONNECTIONS = 32  # concurrent connections and requests of one episode's listener; past it, 503
+
+
+class BodyTooLarge(ValueError):
+    """A request body over ``MAX_BODY_BYTES``."""
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, refused as soon as it is known to exceed ``limit`` (never read in full)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"request body of {declared} bytes is over the gateway's limit of {limit} bytes (MAX_BODY_BYTES)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body is over the gateway's limit of {limit} bytes (MAX_BODY_BYTES)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _presented_token(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key", "")
+
+
+def make_app(session: Session, model_name: str = "agentenv-policy", token: str | None = None) -> FastAPI:
+    """The ASGI app of one session; with ``token``, every request must present it (401 otherwise)."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def bounds(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if token is not None and not hmac.compare_digest(_presented_token(request).encode(), token.encode()):
+            return JSONResponse(replies.anthropic_error("authentication_error", "missing or wrong gateway token"), status_code=401)
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            msg = f"request body of {declared} bytes is over the gateway's limit of {MAX_BODY_BYTES} bytes (MAX_BODY_BYTES)"
+            return JSONResponse(replies.anthropic_error("request_too_large", msg), status_code=413, headers=_CLOSE)
+        return await call_next(request)
 
     async def handle(request: Request, api: Api, write: Callable[[Conversation, Any], Response]) -> Response:
         anthropic = api is Api.ANTHROPIC
         t0 = time.monotonic()
         try:
-            body = json.loads(await request.body())
+            body = json.loads(await read_body(request))
             conv = READERS[api](body)
+        except BodyTooLarge as exc:
+            err = replies.anthropic_error("request_too_large", str(exc)) if anthropic else replies.openai_error("invalid_request_error", str(exc))
+            return JSONResponse(err, status_code=413, headers=_CLOSE)
         except (ValueError, RecursionError) as exc:  # JSON errors, GatewayError
             param = getattr(exc, "param", "")
             log.warning("session %s: %s request refused (400): %s", session.id, api.value, exc)
@@ -62,6 +115,10 @@ def make_app(session: Session, model_name: str = "agentenv-policy") -> FastAPI:
         except BudgetSpent as exc:
             err = replies.anthropic_error("rate_limit_error", str(exc)) if anthropic else replies.openai_error("rate_limit_exceeded", str(exc))
             return JSONResponse(err, status_code=429)
+        except PromptTooLong as exc:
+            log.warning("session %s: %s", session.id, exc)
+            err = replies.anthropic_error("invalid_request_error", str(exc)) if anthropic else replies.openai_error("context_length_exceeded", str(exc))
+            return JSONResponse(err, status_code=400)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - PolicyError or a policy bug: the API's 500, the server lives on
@@ -89,9 +146,15 @@ def make_app(session: Session, model_name: str = "agentenv-policy") -> FastAPI:
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
         try:
-            conv = READERS[Api.ANTHROPIC](json.loads(await request.body()))
-            text = session.tok.apply_chat_template(conv.messages, tools=conv.tools or None, tokenize=False, add_generation_prompt=True)
-            return JSONResponse({"input_tokens": len(session.tok.encode(text, add_special_tokens=False))})
+            conv = READERS[Api.ANTHROPIC](json.loads(await read_body(request)))
+
+            def count() -> int:  # seconds for a multi-megatoken prompt: off the event loop every session shares
+                text = session.tok.apply_chat_template(conv.messages, tools=conv.tools or None, tokenize=False, add_generation_prompt=True)
+                return len(session.tok.encode(text, add_special_tokens=False))
+
+            return JSONResponse({"input_tokens": await asyncio.to_thread(count)})
+        except BodyTooLarge as exc:
+            return JSONResponse(replies.anthropic_error("request_too_large", str(exc)), status_code=413, headers=_CLOSE)
         except (ValueError, RecursionError) as exc:
             return JSONResponse(replies.anthropic_error("invalid_request_error", str(exc)), status_code=400)
 
@@ -134,12 +197,16 @@ class GatewayServer:
     >>> await server.start(); ...; await server.stop()
     """
 
-    def __init__(self, session: Session, *, uds: str | os.PathLike[str] | None = None, port: int | None = None, model_name: str = "agentenv-policy") -> None:
+    def __init__(
+        self, session: Session, *, uds: str | os.PathLike[str] | None = None, port: int | None = None,
+        model_name: str = "agentenv-policy", token: str | None = None, owner: tuple[int, int] | None = None,
+    ) -> None:
         import uvicorn
 
         if (uds is None) == (port is None):
             raise GatewayError("GatewayServer: give exactly one of uds= or port=", "uds")
         self.session = session
+        self.owner = owner
         self.uds = str(uds) if uds is not None else None
         self.port = port
         self._sock: socket.socket | None = None
@@ -148,8 +215,8 @@ class GatewayServer:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._sock.bind(("127.0.0.1", port or 0))
             self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(make_app(session, model_name), uds=self.uds, log_level="warning", lifespan="off",
-                                access_log=False, timeout_keep_alive=30)
+        config = uvicorn.Config(make_app(session, model_name, token), uds=self.uds, log_level="warning", lifespan="off",
+                                access_log=False, timeout_keep_alive=30, limit_concurrency=MAX_CONNECTIONS)
         self._server = uvicorn.Server(config)
         self._task: asyncio.Task[None] | None = None
 
@@ -168,7 +235,20 @@ class GatewayServer:
                 raise GatewayError("gateway server stopped while starting")
             await asyncio.sleep(0.005)
         if self.uds is not None:
-            os.chmod(self.uds, 0o666)  # the sandbox user connects; the socket's folder is this episode's only
+            self._private()
+
+    def _private(self) -> None:
+        """With ``owner`` (the sandbox user's uid, gid): the socket and its folder are that user's alone
+        (0600 / 0700), so no other host user reaches them; without, the socket is 0666 in its folder."""
+        assert self.uds is not None
+        if self.owner is None:
+            os.chmod(self.uds, 0o666)
+            return
+        folder = os.path.dirname(self.uds)
+        uid, gid = self.owner
+        for path, mode in ((self.uds, 0o600), (folder, 0o700)):
+            os.chown(path, uid, gid, follow_symlinks=False)
+            os.chmod(path, mode, follow_symlinks=False)
 
     async def stop(self) -> None:
         self._server.should_exit = True
@@ -216,4 +296,4 @@ class ThreadedGateway:
         self.close()
 
 
-__all__ = ["GatewayServer", "ThreadedGateway", "make_app"]
+__all__ = ["MAX_BODY_BYTES", "MAX_CONNECTIONS", "BodyTooLarge", "GatewayServer", "ThreadedGateway", "make_app", "read_body"]

@@ -100,6 +100,9 @@ def _same_turn(incoming: Mapping[str, Any], mine: Mapping[str, Any]) -> bool:
     )
 
 
+MAX_PROMPT_TOKENS = 1 << 19  # a prompt past this is refused before any sampling (a context flood, not a turn)
+
+
 class Session:
     """The record of one episode behind the gateway. ``samples()`` and ``calls`` make its trajectory."""
 
@@ -114,8 +117,10 @@ class Session:
         max_calls: int | None = None,
         max_tokens: int | None = None,
         thinking_budget: int | None = None,
+        max_prompt_tokens: int = MAX_PROMPT_TOKENS,
     ) -> None:
         self.id = session_id
+        self.max_prompt_tokens = max_prompt_tokens
         self.policy = policy
         self.tok = tokenizer
         self.sampling = sampling
@@ -169,7 +174,14 @@ class Session:
                 self.refused += 1
                 self.spent.set()
                 raise BudgetSpent(f"session {self.id}: the token budget of {self.max_tokens} completion tokens is spent")
-            thread = self._thread_for(conv)
+            # Seconds for a huge prompt: in a worker thread, off the event loop every session shares (encoding
+            # only reads the tokenizer; nothing here changes its truncation or padding state).
+            thread = await asyncio.to_thread(self._thread_for, conv)
+            n = len(thread.renderer.prompt_ids())
+            if n > self.max_prompt_tokens:
+                raise PromptTooLong(
+                    f"session {self.id}: a prompt of {n} tokens is over the gateway's limit of {self.max_prompt_tokens} (max_prompt_tokens)"
+                )
             return await self._sample(conv, thread)
 
     def _thread_for(self, conv: Conversation) -> _Thread:
@@ -309,8 +321,12 @@ class Session:
         return reply, assistant, errors
 
 
+class PromptTooLong(ValueError):
+    """A request whose rendered prompt is over ``Session.max_prompt_tokens``: a 400, never sampled."""
+
+
 class BudgetSpent(RuntimeError):
     """The session's turn budget is spent: the gateway answers with an error and samples nothing."""
 
 
-__all__ = ["BudgetSpent", "Reply", "Session", "ToolCall"]
+__all__ = ["MAX_PROMPT_TOKENS", "BudgetSpent", "PromptTooLong", "Reply", "Session", "ToolCall"]

@@ -47,14 +47,15 @@ def test_the_host_side_pack_of_the_upper_dir_stores_a_shrunk_file_as_read(tmp_pa
     upper = tmp_path / "upper"
     (upper / "workspace").mkdir(parents=True)
     (upper / "workspace" / "f").write_bytes(b"x" * 100_000)
-    plain = tarfile.TarFile.gettarinfo
+    plain = docker_snapshots.open_entry
 
-    def shrinking(self, name=None, arcname=None, fileobj=None):  # noqa: ANN001, ANN202
-        ti = plain(self, name, arcname, fileobj)
-        Path(name).write_bytes(b"short")
-        return ti
+    def shrinking(parent_fd, name):  # noqa: ANN001, ANN202 - the entry is opened and stat'ed, then shrinks
+        entry = plain(parent_fd, name)
+        (upper / "workspace" / name).write_bytes(b"short")
+        return entry
 
-    monkeypatch.setattr(tarfile.TarFile, "gettarinfo", shrinking)
-    blob = docker_snapshots._pack_upper(str(upper), ["/workspace/f"], {"m": 1}, "sb-test", 1 << 30)
+    monkeypatch.setattr(docker_snapshots, "open_entry", shrinking)
+    deadline = docker_snapshots.Deadline(60, "test pack")
+    blob = docker_snapshots._pack_upper(str(upper), ["/workspace/f"], {"m": 1}, "sb-test", 1 << 30, deadline)
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         assert tar.extractfile("workspace/f").read() == b"short"

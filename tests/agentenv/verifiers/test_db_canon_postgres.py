@@ -45,3 +45,39 @@ def test_psycopg2_dump_equals_the_sqlalchemy_dump(docker_client, base_image) -> 
     ok = [q for q in fast["queries"] if "rows" in q]
     assert ok == [q for q in slow["queries"] if "rows" in q] and len(ok) == 3
     assert "no_such_table" in fast["queries"][2]["error"] and "error" in slow["queries"][2]
+
+
+HOSTILE = """
+import json, sys, subprocess
+sys.path.insert(0, "/tmp/canon")
+import db_canon
+url = "postgresql+psycopg2://agent@/shop?host=/tmp"
+out = {}
+for name, sql in [
+    ("view", "ALTER TABLE items RENAME TO items_real; CREATE VIEW items AS WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT n AS id FROM r;"),
+    ("trigger", "CREATE FUNCTION f() RETURNS trigger AS $$ BEGIN RETURN NULL; END $$ LANGUAGE plpgsql; CREATE TRIGGER t BEFORE INSERT ON customers FOR EACH ROW EXECUTE FUNCTION f();"),
+]:
+    subprocess.run(["psql", "-h", "/tmp", "-U", "agent", "shop", "-v", "ON_ERROR_STOP=1", "-c", sql], check=True, capture_output=True)
+    graded = ["items"] if name == "view" else ["customers"]
+    try:
+        db_canon.dump(url, graded, [])
+        out[name] = "dumped"
+    except db_canon.NotATable as exc:
+        out[name] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_a_view_or_a_trigger_in_place_of_a_graded_table_is_refused(docker_client, base_image) -> None:  # noqa: ANN001
+    from sandboxes.docker_backend import DockerBackend
+
+    task = get_task("agent/postgres_orders")
+    with DockerBackend(docker_client) as backend:
+        sandbox = backend.create(task.sandbox_spec())
+        task.setup(sandbox, task.variant(0))
+        sandbox.write_file("/tmp/canon/db_canon.py", Path(db_canon.__file__).read_bytes())
+        res = sandbox.exec(["python3", "-I", "-c", HOSTILE], timeout=120)
+        assert res.ok, res.stderr
+        out = json.loads(res.stdout)
+    assert "is not a table" in out["view"], out
+    assert "has triggers" in out["trigger"], out
