@@ -3,7 +3,7 @@
     python -m benches.bounds [--rounds 7] [--files 2000] [--json runs/bench_bounds.json]
 
 * ``fast_pack``: packing a live sandbox's changes on the host, beneath the upper dir with no symlink
-  followed (``docker_snapshots._pack_upper``) vs the old path-based ``lstat`` + ``open`` pack
+  followed (``docker_snapshots.pack_upper``) vs the old path-based ``lstat`` + ``open`` pack
   (``_old_pack`` below: the code before the fix, kept here only as the baseline), on the same
   container after writing ``--files`` files (about 10 MB) in nested directories.
 * ``fast_pack_frozen``: the old pack inside ``docker pause`` / ``unpause`` (the other way to stop the
@@ -37,7 +37,7 @@ from agentenv.verifiers import db_canon
 from agentenv.verifiers.db_state import AgentStateError, DbStateVerifier
 from sandboxes.beneath import Deadline
 from sandboxes.docker_backend import DockerBackend
-from sandboxes.docker_snapshots import _pack_upper
+from sandboxes.docker_snapshots import pack_upper
 from sandboxes.images import ensure_base_image
 from sandboxes.overlay import Keep, readable_upper, walk_upper, xattr_pax
 from sandboxes.types import SandboxSpec
@@ -108,7 +108,7 @@ def bench_fast(rounds: int, files: int) -> list[dict[str, Any]]:
             paths = sorted(filter(keep, walk_upper(upper)[0]))
 
             def new() -> bytes:
-                return _pack_upper(upper, paths, {}, sb.id, 1 << 30, Deadline(300, "bench"))
+                return pack_upper(upper, paths, {}, sb.id, 1 << 30, Deadline(300, "bench"))
 
             def old() -> bytes:
                 return _old_pack(upper, paths)
@@ -131,7 +131,7 @@ def bench_fast(rounds: int, files: int) -> list[dict[str, Any]]:
             be.close()
 
 
-def _members(blob: bytes) -> list[tuple[str, bytes, int]]:
+def _members(blob: bytes) -> list[tuple[Any, ...]]:
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         return [(m.name, m.type, m.size, m.mode, m.uid, m.gid, m.mtime, m.linkname, m.pax_headers)
                 for m in tar.getmembers() if m.name != ".agentenv-snapshot.json"]

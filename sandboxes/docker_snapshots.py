@@ -153,7 +153,7 @@ class DockerSnapshots:
         if upper is not None:
             # The blob is held in memory here and by the restoring agent, inside the sandbox's memory limit.
             cap = min(MAX_SNAPSHOT_BYTES, (sb.spec.memory_mb << 20) // 4)
-            blob = _pack_upper(upper, changes.paths, manifest, sb.id, cap, deadline)
+            blob = pack_upper(upper, changes.paths, manifest, sb.id, cap, deadline)
         elif not sb.trusted:
             raise SnapshotError(f"sandbox {sb.id}: no FAST snapshot without the host's view of its files or a trusted agent")
         else:
@@ -270,7 +270,7 @@ class DockerSnapshots:
             raise SnapshotError(f"snapshot {ref.id} was made by backend {ref.backend!r}, not {self._backend.name!r}")
 
 
-def _pack_upper(
+def pack_upper(
     upper: str, paths: list[str], manifest: dict[str, Any], sandbox_id: str, cap: int, deadline: Deadline
 ) -> bytes:
     """The FAST blob, tarred on the host from the upper dir (the files as the sandbox has them).
@@ -393,4 +393,4 @@ def _append_from_archive(sb: DockerSandbox, blob: bytes, paths: list[str]) -> by
     return out.getvalue()
 
 
-__all__ = ["Changes", "DockerSnapshots", "REBASE_AT", "SNAPSHOT_REPOSITORY", "default_snapshot_dir"]
+__all__ = ["Changes", "DockerSnapshots", "REBASE_AT", "SNAPSHOT_REPOSITORY", "default_snapshot_dir", "pack_upper"]

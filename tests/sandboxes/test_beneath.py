@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 
 
 def _pack(upper: Path, paths: list[str], seconds: float = 30) -> dict[str, tarfile.TarInfo | bytes]:
-    blob = docker_snapshots._pack_upper(str(upper), paths, {"m": 1}, "sb-test", 1 << 30, Deadline(seconds, "test"))
+    blob = docker_snapshots.pack_upper(str(upper), paths, {"m": 1}, "sb-test", 1 << 30, Deadline(seconds, "test"))
     out: dict[str, tarfile.TarInfo | bytes] = {}
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         for m in tar.getmembers():

@@ -56,6 +56,6 @@ def test_the_host_side_pack_of_the_upper_dir_stores_a_shrunk_file_as_read(tmp_pa
 
     monkeypatch.setattr(docker_snapshots, "open_entry", shrinking)
     deadline = docker_snapshots.Deadline(60, "test pack")
-    blob = docker_snapshots._pack_upper(str(upper), ["/workspace/f"], {"m": 1}, "sb-test", 1 << 30, deadline)
+    blob = docker_snapshots.pack_upper(str(upper), ["/workspace/f"], {"m": 1}, "sb-test", 1 << 30, deadline)
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         assert tar.extractfile("workspace/f").read() == b"short"
