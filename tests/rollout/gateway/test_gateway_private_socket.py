@@ -15,7 +15,7 @@ import pytest
 from rollout.gateway import Session, ThreadedGateway
 from rollout.policy.types import FinishReason, Generation
 from rollout.tokenizer import build_tokenizer
-from sandboxes.cli_images import GATEWAY_SOCKET
+from sandboxes.native_images import GATEWAY_SOCKET
 from sandboxes.docker_backend import DockerBackend
 from sandboxes.types import GATEWAY_MOUNT, SandboxSpec
 
