@@ -78,8 +78,13 @@ def _grid(r: dict[str, Any]) -> str:
     return text
 
 
+def _engine_gpu(r: dict[str, Any]) -> str:
+    return (f"at 72 turns **{r['tokens_per_s_72']:,} tokens/s**, {r['vs_episode_path_72']:.0f}x one turn at a time and "
+            f"{r['vs_generate_72']:.1f}x batched `generate`; at 256 turns **{r['tokens_per_s_256']:,} tokens/s**")
+
+
 ROWS = (("main_job", _main_job), ("rollout_bench", _rollout), ("sandbox_bench", _sandbox),
-        ("grid_demo", _grid), ("learner_gpu", _learner_gpu), ("mopd_gpu", _mopd_gpu))
+        ("grid_demo", _grid), ("learner_gpu", _learner_gpu), ("mopd_gpu", _mopd_gpu), ("engine_gpu", _engine_gpu))
 
 
 def render(results: dict[str, Any]) -> str:
@@ -87,7 +92,8 @@ def render(results: dict[str, Any]) -> str:
     lines = ["| result | measured | run |", "| --- | --- | --- |"]
     for key, fmt in ROWS:
         r = results[key]
-        lines.append(f"| {r['what']} (`{r['command']}`) | {fmt(r)} | {r['date']}, {r['machine']} |")
+        caveat = f"; {r['caveat']}" if r.get("caveat") else ""
+        lines.append(f"| {r['what']} (`{r['command']}`) | {fmt(r)} | {r['date']}, {r['machine']}{caveat} |")
     return "\n".join(lines)
 
 
