@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -73,7 +74,12 @@ def test_grid_demo_end_to_end(tmp_path: Path, base_image: str) -> None:
     _, tok = load_checkpoint(teachers["warm_start"]["checkpoint"])
     with TrajectoryStore(f"sqlite:///{db}") as store:
         evals = [t for t in store.query() if "/cell-" in t.episode_id]
-    shown = {name: [("effort" in tok.decode(list(t.samples[0].token_ids)).lower()) for t in evals if f"/{name}/" in t.episode_id]
+    def first_prompt(t: Any) -> str:  # what the episode showed the model before its first sampled token
+        sample = t.samples[0]
+        end = sample.loss_mask.index(1) if 1 in sample.loss_mask else len(sample.loss_mask)
+        return tok.decode(list(sample.token_ids[:end])).lower()
+
+    shown = {name: [("effort" in first_prompt(t)) for t in evals if f"/{name}/" in t.episode_id]
              for name in ("student", "student_no_message", "baseline")}
     assert len(shown["student"]) == len(shown["student_no_message"]) == 8
     assert all(shown["student"]) and all(shown["baseline"]) and not any(shown["student_no_message"])

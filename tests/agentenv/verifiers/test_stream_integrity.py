@@ -156,7 +156,7 @@ def graded_in_image(docker_client: Any, image: str, tmp_path: Path, calc: str) -
     (root / "pytest.ini").write_text("[pytest]\npythonpath = /g/ws\naddopts =\n")
     (root / "tests" / "test_calc.py").write_text(HIDDEN)
     (ws / "calc.py").write_text(calc)
-    (tmp_path / "boot.py").write_text(_BOOT)
+    (tmp_path / "boot.py").write_text(PYTEST_BOOT)
     script = (
         "python3 -c 'import pytest; print(pytest.__version__)' > /g/version; "
         f"printf '%s\\n' {NONCE} | AGENTENV_STREAM_FD=3 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 AGENTENV_TESTS_DIR=/g/root/tests "
