@@ -9,19 +9,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from learner_jobs import start_learner_job
 from rollout.store import TrajectoryStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
-
-ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = {
     "run_id": "resume-test",
@@ -45,13 +42,6 @@ CONFIG = {
 }
 
 
-def _train(cfg: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "learner.job", str(cfg), *extra], cwd=ROOT, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-
-
 def test_a_killed_run_resumes_to_the_same_final_iteration_exactly_once(tmp_path: Path, base_image: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -60,7 +50,7 @@ def test_a_killed_run_resumes_to_the_same_final_iteration_exactly_once(tmp_path:
     cfg.write_text(yaml.safe_dump(CONFIG | {"store": store_url, "out_dir": str(tmp_path / "runs")}))
     checkpoints = tmp_path / "runs" / "resume-test" / "checkpoints"
 
-    first = _train(cfg)
+    first = start_learner_job(cfg)
     deadline = time.time() + 600
     while time.time() < deadline and first.poll() is None:
         latest = checkpoints / "LATEST"
@@ -73,7 +63,7 @@ def test_a_killed_run_resumes_to_the_same_final_iteration_exactly_once(tmp_path:
     killed_at = (checkpoints / "LATEST").read_text().strip()
 
     summary_path = tmp_path / "summary.json"
-    second = _train(cfg, "--resume", "--json", str(summary_path))
+    second = start_learner_job(cfg, "--resume", "--json", str(summary_path))
     out, _ = second.communicate(timeout=600)
     assert second.returncode == 0, out[-6000:]
     assert "resumed resume-test-" in out, out[-3000:]

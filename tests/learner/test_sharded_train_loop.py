@@ -10,19 +10,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from learner_jobs import start_learner_job
 from rollout.store import TrajectoryStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
-
-ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = {
     "run_id": "sharded-test",
@@ -46,13 +43,6 @@ CONFIG = {
     "torch_threads": 2,
     "checkpoint": {"every": 1, "keep": 2},
 }
-
-
-def _train(cfg: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "learner.job", str(cfg), *extra], cwd=ROOT, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )
 
 
 def _descendants(root: int) -> list[int]:
@@ -89,7 +79,7 @@ def test_a_killed_rank_stops_the_run_and_resume_finishes_it_exactly_once(tmp_pat
     cfg.write_text(yaml.safe_dump(CONFIG | {"store": store_url, "out_dir": str(tmp_path / "runs")}))
     checkpoints = tmp_path / "runs" / "sharded-test" / "checkpoints"
 
-    first = _train(cfg)
+    first = start_learner_job(cfg)
     deadline = time.time() + 600
     while time.time() < deadline and first.poll() is None:
         latest = checkpoints / "LATEST"
@@ -106,7 +96,7 @@ def test_a_killed_rank_stops_the_run_and_resume_finishes_it_exactly_once(tmp_pat
     killed_at = (checkpoints / "LATEST").read_text().strip()
 
     summary_path = tmp_path / "summary.json"
-    second = _train(cfg, "--resume", "--json", str(summary_path))
+    second = start_learner_job(cfg, "--resume", "--json", str(summary_path))
     out, _ = second.communicate(timeout=600)
     assert second.returncode == 0, out[-6000:]
     assert "resumed sharded-test-" in out, out[-3000:]
