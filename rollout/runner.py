@@ -117,11 +117,11 @@ class InProcessRunner:
         grade_in_place: bool = True,
         sandbox_retries: int = 1,
     ) -> None:
-        from rollout.worker import make_backend  # lazily: the worker module is Ray's
+        from sandboxes.backends import make_backend
 
         self.policy = policy
         self.store = store
-        self.backend = make_backend(backend, run_id)  # the sandboxes belong to the runner, never to the learner
+        self.backend = make_backend(backend, run_id=run_id)  # the sandboxes belong to the runner, never to the learner
         self.gate = TurnGate()
         self.episodes = EpisodeRunner(
             policy, backend=self.backend, tokenizer=tokenizer, pool_size=pool_size, store=store,

@@ -49,6 +49,7 @@ from rollout.gate import TurnGate
 from rollout.policy.scripted import ScriptedPolicy
 from rollout.policy.types import Policy, VersionedPolicy, WeightSwappingPolicy
 from rollout.types import Trajectory
+from sandboxes.backends import make_backend
 
 log = logging.getLogger(__name__)
 
@@ -142,14 +143,6 @@ def build_train_policy(model_config: dict[str, Any], tokenizer_dir: str | None) 
     return HFPolicy(model, tokenizer, name="train-policy", version=-1), tokenizer
 
 
-def make_backend(kind: str, run_id: str) -> Any:
-    """The sandbox backend named by a config (``docker`` or ``local``), labelled with ``run_id``
-    (``sandboxes.backends.make_backend``, the one place a backend is chosen by name)."""
-    from sandboxes.backends import make_backend as make
-
-    return make(kind, run_id=run_id)
-
-
 class RolloutWorker:
     """The body of the worker actor (``start_worker`` wraps it with ``ray.remote``).
 
@@ -163,7 +156,7 @@ class RolloutWorker:
             import torch
 
             torch.set_num_threads(spec.torch_threads)
-        self.backend = make_backend(spec.backend, spec.run_id)
+        self.backend = make_backend(spec.backend, run_id=spec.run_id)
         policies: dict[str, Policy] = {}
         if spec.train_model is not None:
             policy, tokenizer = build_train_policy(spec.train_model, spec.tokenizer)

@@ -63,10 +63,10 @@ class EvalWorker:
     def __init__(self, spec: EvalWorkerSpec, index: int = 0) -> None:
         from rollout.episode import EpisodeRunner
         from rollout.policy.types import SamplingParams
-        from rollout.worker import make_backend
+        from sandboxes.backends import make_backend
 
         self.spec, self.index = spec, index
-        self.backend = make_backend(spec.backend, spec.sweep_id)
+        self.backend = make_backend(spec.backend, run_id=spec.sweep_id)
         self.runners: dict[str, Any] = {}
         self.counted: dict[str, Counted] = {}
         shared = None
