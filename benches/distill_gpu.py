@@ -155,7 +155,14 @@ def _gib(device: torch.device, peak: bool) -> float | None:
 
 def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
             watch: Stopwatch) -> tuple[list[tuple[int, ...]], list[int], dict[str, Any]]:
-    """Sample ``--response-len`` tokens after each random prompt with HF ``generate``: (sequences, prompt lengths, stats)."""
+    """Sample ``--response-len`` tokens after each random prompt: (sequences, prompt lengths, stats).
+
+    Two ways in one run, the same prompts and weights: ``rollout.engine.Engine`` (what ``HFPolicy`` episodes,
+    evaluation and MOPD generate with: continuous batching, slot KV cache, CUDA graphs on GPU) and HF
+    ``generate`` (left padded, one batch; the rollout before the engine, kept as the baseline). The engine's
+    samples are what the rest of the bench scores and trains on; ``seconds`` is the engine's."""
+    from rollout.engine import Engine, EngineRequest
+
     g = torch.Generator().manual_seed(args.seed)
     n = len(CELLS) * args.per_cell
     lo, hi = max(1, args.prompt_len // 2), max(1, args.prompt_len * 3 // 2)
@@ -166,6 +173,7 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
     for i, p in enumerate(plens):  # left padded, as generate wants
         ids_NP[i, width - p:] = torch.randint(0, cfg.vocab_size, (p,), generator=g)
         attn_NP[i, width - p:] = 1
+    prompts = [ids_NP[i, width - p:].tolist() for i, p in enumerate(plens)]
     # the rollout engine's copy of the student: same seed, same weights, bf16 on the GPU, sdpa
     lm: Any = PolicyModel.from_config(cfg, seed=args.seed).lm
     lm = lm.to(device=device, dtype=dtype).eval()
@@ -180,12 +188,33 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
     generate(min(4, args.response_len))  # warm-up
     t0 = watch.now()
     out = generate(args.response_len)
+    generate_s = watch.now() - t0
+    del out
+
+    engine = Engine(lm, max_slots=n, max_len=width + args.response_len)
+    engine.reserve(n, width + args.response_len)
+
+    def wave(seed: int) -> list[Any]:  # no stop tokens: every request samples --response-len tokens, as generate does
+        futs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=args.response_len, temperature=1.0,
+                                            seed=seed + i)) for i, p in enumerate(prompts)]
+        return [f.result() for f in futs]
+
+    t0 = watch.now()
+    wave(10_000)  # warm-up: CUDA-graph capture for every (batch, length) bucket the wave meets
+    warm_s = watch.now() - t0
+    t0 = watch.now()
+    outs = wave(args.seed)
     seconds = watch.now() - t0
-    seqs = [tuple(ids_NP[i, width - p:].tolist() + out[i, width:].tolist()) for i, p in enumerate(plens)]
-    stats = {"seconds": seconds, "sequences": n, "new_tokens": n * args.response_len,
-             "new_tokens_per_s": n * args.response_len / seconds, "peak_mem_gib": _gib(device, True),
-             "engine": f"transformers generate, {str(dtype).removeprefix('torch.')}, batch {n}, KV cache, eager"}
-    del lm, out
+    engine.close()
+    seqs = [tuple(p + list(o.token_ids)) for p, o in zip(prompts, outs, strict=True)]
+    new_tokens = sum(len(o.token_ids) for o in outs)
+    stats = {"seconds": seconds, "sequences": n, "new_tokens": new_tokens, "new_tokens_per_s": new_tokens / seconds,
+             "warmup_s": warm_s, "generate_seconds": generate_s,
+             "generate_new_tokens_per_s": n * args.response_len / generate_s,
+             "engine_vs_generate": generate_s / seconds, "peak_mem_gib": _gib(device, True),
+             "engine": f"rollout.engine, {str(dtype).removeprefix('torch.')}, {n} requests at once",
+             "baseline": f"transformers generate, batch {n}, KV cache, eager"}
+    del lm
     _free(device)
     return seqs, plens, stats
 
@@ -400,7 +429,11 @@ def run(args: argparse.Namespace, clock: Clock = time.perf_counter,
               "student_scoring": mopd["score_s"], "training": mopd["advantages_s"] + mopd["train_s"]}
     total = sum(phases.values())
     rl_total = roll["seconds"] + learn["rl"]["step_s"]
+    before = total - roll["seconds"] + roll["generate_seconds"]  # the same iteration with generate's rollout
+    rl_before = roll["generate_seconds"] + learn["rl"]["step_s"]
     iteration = {"phases_s": phases, "total_s": total, "share": {k: v / total for k, v in phases.items()},
+                 "rollout_share_with_generate": roll["generate_seconds"] / before,
+                 "rl_rollout_share": roll["seconds"] / rl_total, "rl_rollout_share_with_generate": roll["generate_seconds"] / rl_before,
                  "teacher_prefill_copies_s": scoring["copies"]["pass_s"], "rl_iteration_s": rl_total,
                  "vs_rl_iteration": total / rl_total}
     return {
@@ -480,8 +513,11 @@ def tables(r: dict[str, Any]) -> list[Any]:
         t3.add_row(k.replace("_", " "), f"{v:.3f}", f"{100 * it['share'][k]:.1f}%",
                    f"{rl_phase[k]:.3f}" if k in rl_phase else "-")
     t3.add_row("total", f"{it['total_s']:.3f}", "100%", f"{it['rl_iteration_s']:.3f}")
-    t3.caption = (f"MOPD / RL iteration {it['vs_rl_iteration']:.2f}x; teacher prefill with the 9 copies instead: "
-                  f"{it['teacher_prefill_copies_s']:.3f} s")
+    t3.add_row("rollout share", "", f"{100 * it['share']['rollout']:.1f}%", f"{100 * it['rl_rollout_share']:.1f}%")
+    t3.add_row(f"rollout share with {roll['baseline']} ({roll['generate_new_tokens_per_s']:,.0f} tok/s)", "",
+               f"{100 * it['rollout_share_with_generate']:.1f}%", f"{100 * it['rl_rollout_share_with_generate']:.1f}%")
+    t3.caption = (f"MOPD / RL iteration {it['vs_rl_iteration']:.2f}x; engine rollout {roll['engine_vs_generate']:.2f}x "
+                  f"faster than generate; teacher prefill with the 9 copies instead: {it['teacher_prefill_copies_s']:.3f} s")
     return [t1, t2, t3]
 
 

@@ -79,6 +79,15 @@ def test_tiny_run_on_cpu_derives_every_number_from_the_measured_durations(
     assert sum(it["share"].values()) == pytest.approx(1.0)
     assert it["rl_iteration_s"] == pytest.approx(r["rollout"]["seconds"] + rl["step_s"])
     assert it["vs_rl_iteration"] == pytest.approx(it["total_s"] / it["rl_iteration_s"])
+    roll = r["rollout"]  # the engine's rollout, with HF generate's beside it as the baseline
+    assert roll["new_tokens"] == w["sequences"] * w["response_len"]  # no stop tokens: every request runs to the end
+    assert roll["seconds"] != roll["generate_seconds"]
+    assert roll["engine_vs_generate"] == pytest.approx(roll["generate_seconds"] / roll["seconds"])
+    assert it["rl_rollout_share"] == pytest.approx(roll["seconds"] / it["rl_iteration_s"])
+    before = it["total_s"] - roll["seconds"] + roll["generate_seconds"]
+    assert it["rollout_share_with_generate"] == pytest.approx(roll["generate_seconds"] / before)
+    assert it["rl_rollout_share_with_generate"] == pytest.approx(
+        roll["generate_seconds"] / (roll["generate_seconds"] + rl["step_s"]))
 
     printed = capsys.readouterr().out
     for title in ("1. teacher scoring", "2. learner step MFU", "3. one MOPD iteration"):
