@@ -1,0 +1,31 @@
+"""examples/quickstart_cuda.yaml is the main job on a GPU: it must stay the quickstart in every setting but where
+the learner and the rollout engine run (and its run id), or the H200 run stops being comparable with the CPU one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from learner.train_config import load_train_config
+
+pytestmark = pytest.mark.unit
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out |= _flat(value, f"{prefix}.{key}" if prefix else key)
+        return out
+    return {prefix: tree}
+
+
+def test_quickstart_cuda_differs_from_the_quickstart_only_in_devices() -> None:
+    cpu = _flat(load_train_config(EXAMPLES / "quickstart.yaml").model_dump())
+    gpu = _flat(load_train_config(EXAMPLES / "quickstart_cuda.yaml").model_dump())
+    differ = {k: (cpu.get(k), gpu.get(k)) for k in cpu.keys() | gpu.keys() if cpu.get(k) != gpu.get(k)}
+    assert differ == {"run_id": ("quickstart", "quickstart_cuda"), "model.device": ("cpu", "cuda"),
+                      "model.rollout_device": ("cpu", "cuda")}
