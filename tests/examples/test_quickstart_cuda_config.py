@@ -1,5 +1,5 @@
 """examples/quickstart_cuda.yaml is the main job on a GPU: it must stay the quickstart in every setting but where
-the learner and the rollout engine run (and its run id), or the H200 run stops being comparable with the CPU one."""
+the learner and the rollout engine run, in fp32 as on the CPU (and its run id), or the H200 run stops being comparable with the CPU one."""
 
 from __future__ import annotations
 
@@ -28,4 +28,4 @@ def test_quickstart_cuda_differs_from_the_quickstart_only_in_devices() -> None:
     gpu = _flat(load_train_config(EXAMPLES / "quickstart_cuda.yaml").model_dump())
     differ = {k: (cpu.get(k), gpu.get(k)) for k in cpu.keys() | gpu.keys() if cpu.get(k) != gpu.get(k)}
     assert differ == {"run_id": ("quickstart", "quickstart_cuda"), "model.device": ("cpu", "cuda"),
-                      "model.rollout_device": ("cpu", "cuda")}
+                      "model.rollout_device": ("cpu", "cuda"), "trainer.bf16": (None, False)}
