@@ -93,9 +93,10 @@ async def run_native_attempt(
         from rollout.tokenizer import build_tokenizer  # lazily: it loads transformers
 
         tokenizer = build_tokenizer()
-    t0 = time.monotonic()
     base_spec = await host.blocking(task.sandbox_spec)
+    # built once per program and base image, then cached by content hash: the host's set-up, not the episode's time
     image = await host.blocking(ensure_native_image, docker.from_env(timeout=600), profile.program, base_spec.image)
+    t0 = time.monotonic()
     gw_dir = tempfile.mkdtemp(prefix="agentenv-gw-")
     os.chmod(gw_dir, 0o755)
     spec = base_spec.model_copy(update={"image": image, "gateway_dir": gw_dir})

@@ -134,4 +134,4 @@ def test_a_native_episode_that_would_talk_forever_stays_within_the_tasks_max_tok
     assert policy.seen and all(b == ThinkingBudget(100) for _, b in policy.seen)  # the effort level's cap, on every call
     assert policy.inserted >= 1  # ... and the model's thinking was closed by it
     assert sum(sum(s.loss_mask) for s in traj.samples) == spent - policy.inserted_tokens  # the inserted tags: mask 0
-    assert traj.timings.total_s < task.limits.wall_time_s  # ended by the budget, not by the wall time
+    assert traj.verifier["cli_s"] < task.limits.wall_time_s  # the CLI ended by the budget, not by the wall time
