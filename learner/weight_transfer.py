@@ -97,6 +97,10 @@ class BroadcastPublisher:
         self.bucket_bytes = int(bucket_bytes)
         self.group: TransferGroup | None = None
         self.last_publish: dict[str, float] = {}
+        import httpx
+
+        # One client for every call: a fresh one per request costs ~70 ms (an SSL context), more than a tiny broadcast.
+        self._http = httpx.Client(headers=self.headers, limits=httpx.Limits(max_connections=2 * len(self.urls) + 4))
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(self.urls) + 1),
                                                            thread_name_prefix="broadcast-publisher")
 
@@ -107,7 +111,7 @@ class BroadcastPublisher:
         import httpx
 
         try:
-            resp = httpx.post(f"{url}/{route}", json=dict(body), headers=self.headers, timeout=timeout_s)
+            resp = self._http.post(f"{url}/{route}", json=dict(body), timeout=timeout_s)
         except httpx.TimeoutException as exc:
             raise RuntimeError(f"{route}: no answer within {timeout_s:.0f}s") from exc
         except httpx.HTTPError as exc:

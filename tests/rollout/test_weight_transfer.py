@@ -255,3 +255,25 @@ def test_a_server_killed_between_versions_fails_the_next_publish_naming_it(
         pub.close()
     finally:
         _stop(proc)
+
+
+@pytest.mark.unit
+def test_a_rank_that_never_joins_or_never_sends_is_a_timeout_not_a_hang() -> None:
+    from rollout.weight_transfer import TransferGroup, TransferTimeout
+
+    start = time.monotonic()
+    with pytest.raises(TransferTimeout, match="within 2.0s"):
+        TransferGroup("gloo", "127.0.0.1", _free_port(), rank=0, world_size=2, timeout_s=2)
+    assert time.monotonic() - start < 15
+    port, made = _free_port(), {}
+    joiner = threading.Thread(target=lambda: made.update(
+        r0=TransferGroup("gloo", "127.0.0.1", port, rank=0, world_size=2, timeout_s=2)))
+    joiner.start()
+    receiver = TransferGroup("gloo", "127.0.0.1", port, rank=1, world_size=2, timeout_s=2)
+    joiner.join(15)
+    start = time.monotonic()
+    with pytest.raises(TransferTimeout):
+        receiver.broadcast(torch.empty(4))  # rank 0 never sends
+    assert time.monotonic() - start < 15
+    made["r0"].close()
+    receiver.close()
