@@ -269,8 +269,10 @@ def pack(metas: Sequence[TensorMeta], state: Mapping[str, torch.Tensor], device:
          out: torch.Tensor | None = None) -> torch.Tensor:
     """The tensors ``metas`` names, as one flat uint8 buffer on ``device`` (``out`` reused when given and big enough)."""
     offsets, total = _offsets(metas)
-    buf = out if out is not None and out.numel() >= total and out.device == torch.device(device) else torch.empty(
-        total, dtype=torch.uint8, device=device)
+    want = torch.device(device)
+    fits = out is not None and out.numel() >= total and out.device.type == want.type and (
+        want.index is None or out.device.index == want.index)  # "cuda" is the buffer's "cuda:0"
+    buf = out if fits and out is not None else torch.empty(total, dtype=torch.uint8, device=device)
     with torch.no_grad():
         for m, off in zip(metas, offsets):
             t = state[m.name].detach()

@@ -265,7 +265,8 @@ def test_a_rank_that_never_joins_or_never_sends_is_a_timeout_not_a_hang() -> Non
     with pytest.raises(TransferTimeout, match="within 2.0s"):
         TransferGroup("gloo", "127.0.0.1", _free_port(), rank=0, world_size=2, timeout_s=2)
     assert time.monotonic() - start < 15
-    port, made = _free_port(), {}
+    port = _free_port()
+    made: dict[str, TransferGroup] = {}
     joiner = threading.Thread(target=lambda: made.update(
         r0=TransferGroup("gloo", "127.0.0.1", port, rank=0, world_size=2, timeout_s=2)))
     joiner.start()
