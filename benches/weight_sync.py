@@ -4,7 +4,9 @@
     python -m benches.weight_sync --small                  # tiny shapes (the CI smoke test)
     python -m benches.weight_sync --cuda --json runs/bench_weight_sync.json   # Qwen2-0.5B shape, bf16, one GPU
 
-Every transport ends where a rollout engine ends: the new weights ``copy_``-ed
+On CPU every process (this one and the servers) runs one torch thread: on a
+shared 2-core machine two OpenMP threads per process made a 72 MiB ``copy_``
+30x slower. Every transport ends where a rollout engine ends: the new weights ``copy_``-ed
 into a running engine's tensors, under the new version. Transports:
 
 * ``in_process``: ``rollout.weight_transfer.load_in_process`` from the learner's
@@ -144,6 +146,8 @@ class _Servers:
         self.urls: list[str] = []
         self.logs: list[Path] = []
         env = {**os.environ, "PYTHONPATH": str(REPO)}
+        if device == "cpu":
+            env["OMP_NUM_THREADS"] = "1"
         for i in range(n):
             port = _free_port()
             log = tmp / f"server{i}.log"
@@ -210,6 +214,8 @@ def run_bench(*, kind: str, repeats: int, fsync: bool = True) -> dict[str, Any]:
 
     cuda = kind == "cuda"
     device = "cuda" if cuda else "cpu"
+    if not cuda:  # 3 processes on a shared 2-core machine: 2 OpenMP threads each made a 72 MiB copy_ 30x slower
+        torch.set_num_threads(1)
     dtype = torch.bfloat16 if cuda else torch.float32
     tok = build_tokenizer()
     config = bench_config(kind, tok)
@@ -330,7 +336,7 @@ def run_bench(*, kind: str, repeats: int, fsync: bool = True) -> dict[str, Any]:
                   "cuda": "Qwen2-0.5B shape (Qwen2Config)"}[kind],
         "device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
         "params": n_params, "state_bytes": n_bytes, "repeats": repeats, "fsync": fsync,
-        "torch": torch.__version__, "transports": rows,
+        "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "transports": rows,
     }
 
 

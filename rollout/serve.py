@@ -40,7 +40,10 @@ requests wait and are sampled on the new weights. ``drain_timeout_s`` bounds
 that wait: past it the update is refused (503) and nothing changed. Tensors are
 memory-mapped, never held twice in memory. ``GET /get_model_info`` reports
 ``version``, ``model_path``, ``num_running_requests``, ``num_waiting_requests``
-and ``update_pending``;
+and ``update_pending``, ``weights_sha256`` (a hash of the served state dict);
+weights also arrive without a disk over vLLM's weight-transfer routes
+(``/init_weight_transfer_engine``, ``/start_weight_update``, ``/update_weights``,
+``/finish_weight_update``: ``rollout.serve_transfer``);
 every completion and chat response carries the version that sampled it in
 ``agentenv.policy_version`` and the ``X-Policy-Version`` header.
 
