@@ -32,7 +32,7 @@ from typing import Any, Literal
 import torch
 
 from learner.errors import LearnerConfigError
-from learner.publish import PublishError, _server_root
+from learner.publish import PublishError
 from rollout.weight_transfer import (
     DEFAULT_BUCKET_BYTES,
     TensorMeta,
@@ -43,6 +43,12 @@ from rollout.weight_transfer import (
 )
 
 __all__ = ["BroadcastPublisher", "free_port"]
+
+
+def _root(url: str) -> str:
+    """``http://host:port`` from a server URL given with or without the OpenAI ``/v1`` suffix."""
+    base = url.rstrip("/")
+    return base.removesuffix("/v1")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -87,7 +93,7 @@ class BroadcastPublisher:
             raise LearnerConfigError(f"BroadcastPublisher.backend: expected gloo or nccl, got {backend!r}")
         if timeout_s <= 0:
             raise LearnerConfigError(f"BroadcastPublisher.timeout_s: expected > 0, got {timeout_s}")
-        self.urls = [_server_root(u) for u in urls]
+        self.urls = [_root(u) for u in urls]
         self.backend: Literal["gloo", "nccl"] = backend
         self.timeout_s = float(timeout_s)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
