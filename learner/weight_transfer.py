@@ -160,6 +160,8 @@ class BroadcastPublisher:
         return [answers.get(u) for u in self.urls], failed
 
     def _raise(self, version: int, doing: str, failed: Mapping[str, str]) -> None:
+        if self.group is not None:
+            self.group.broken = True  # a broadcast may still be in flight on it: dropped, never shut down
         self.close()
         servers = {u: why for u, why in failed.items() if u != "learner"}
         causes = "; ".join(f"{u}: {why}" for u, why in failed.items())

@@ -317,6 +317,9 @@ def open_ipc_handles(handle: tuple[Callable[..., torch.Tensor], tuple[Any, ...]]
 # ---------------------------------------------------------------- broadcast
 
 
+_ABANDONED: list[Any] = []  # failed NCCL groups, kept alive on purpose (``TransferGroup.close``)
+
+
 class TransferGroup:
     """A process group for weight broadcasts: rank 0 the learner, ranks 1..n the engines.
 
@@ -342,6 +345,7 @@ class TransferGroup:
         timeout = datetime.timedelta(seconds=timeout_s)
         where = f"{backend} group {master_address}:{master_port} (rank {rank} of {world_size})"
         self.where = where
+        self.broken = False
         try:
             store = dist.TCPStore(master_address, int(master_port), world_size, rank == 0, timeout=timeout,
                                   wait_for_workers=False)
@@ -357,6 +361,7 @@ class TransferGroup:
         self._store = store
 
     def _failure(self, doing: str, exc: BaseException) -> TransferError:
+        self.broken = True
         text = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         if "timeout" in str(exc).lower() or "timed out" in str(exc).lower():
             return TransferTimeout(f"{self.where}: {doing} did not complete within {self.timeout_s}s "
@@ -381,11 +386,17 @@ class TransferGroup:
 
     def close(self) -> None:
         pg, self.pg = self.pg, None
-        if pg is not None and self.backend == "nccl":
-            try:
-                pg.shutdown()
-            except Exception:  # noqa: BLE001 - a broken communicator may not shut down cleanly; it is dropped anyway
-                pass
+        if pg is None or self.backend != "nccl":
+            return
+        if self.broken:
+            # Shutting down (or destroying) an NCCL communicator whose peer failed can block on it; keep it
+            # referenced and unused instead: a leak per failed transfer, never a hang.
+            _ABANDONED.append(pg)
+            return
+        try:
+            pg.shutdown()
+        except Exception:  # noqa: BLE001 - it is dropped either way
+            pass
 
 
 def send_state(group: TransferGroup, metas: Sequence[TensorMeta], state: Mapping[str, torch.Tensor],
