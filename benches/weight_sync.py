@@ -204,7 +204,9 @@ def _verify(servers: _Servers, n: int, want: Callable[[int], list[tuple[int, str
     return lambda: servers.hashes(servers.urls[:n]) == want(n)
 
 
-def run_bench(*, kind: str, repeats: int, fsync: bool = True) -> dict[str, Any]:
+def run_bench(*, kind: str, repeats: int, fsync: bool = True,
+              partial: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The report; ``partial(report)`` is called after every transport (a run cut short keeps what it measured)."""
     from learner.model import PolicyModel
     from learner.publish import ServerReloadPublisher
     from learner.weight_transfer import BroadcastPublisher
@@ -250,6 +252,20 @@ def run_bench(*, kind: str, repeats: int, fsync: bool = True) -> dict[str, Any]:
             console.log(f"{name}: version {v} in {secs[-1]:.4f}s")
         rows[name] = {"servers": servers_n, "seconds": [round(s, 5) for s in secs], "median_s": statistics.median(secs),
                       "verified": verify(), "note": note}
+        if partial is not None:
+            partial(report())
+
+    def report() -> dict[str, Any]:
+        for row in rows.values():
+            base = rows.get(f"disk_{max(1, row['servers'])}")
+            row["disk_over_this"] = (base["median_s"] / row["median_s"]) if base and row["median_s"] else None
+        return {
+            "model": {"small": "tiny (rollout.policy.models.tiny_config)", "cpu": "Qwen2 shape, hidden 512, 8 layers",
+                      "cuda": "Qwen2-0.5B shape (Qwen2Config)"}[kind],
+            "device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
+            "params": n_params, "state_bytes": n_bytes, "repeats": repeats, "fsync": fsync,
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "transports": rows,
+        }
 
     try:
         servers.wait()  # before timing anything: a server starting up would take the CPU from the timed transports
@@ -328,16 +344,7 @@ def run_bench(*, kind: str, repeats: int, fsync: bool = True) -> dict[str, Any]:
         servers.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
-    for name, row in rows.items():
-        base = rows.get(f"disk_{max(1, row['servers'])}")
-        row["disk_over_this"] = (base["median_s"] / row["median_s"]) if base and row["median_s"] else None
-    return {
-        "model": {"small": "tiny (rollout.policy.models.tiny_config)", "cpu": "Qwen2 shape, hidden 512, 8 layers",
-                  "cuda": "Qwen2-0.5B shape (Qwen2Config)"}[kind],
-        "device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
-        "params": n_params, "state_bytes": n_bytes, "repeats": repeats, "fsync": fsync,
-        "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "transports": rows,
-    }
+    return report()
 
 
 def _table(report: dict[str, Any]) -> Table:
@@ -376,11 +383,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.cuda and not torch.cuda.is_available():
         parser.error("--cuda: no CUDA device here")
     kind = "cuda" if args.cuda else ("small" if args.small else "cpu")
-    report = run_bench(kind=kind, repeats=args.repeats, fsync=not args.no_fsync)
+    def write(report: dict[str, Any]) -> None:
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+    report = run_bench(kind=kind, repeats=args.repeats, fsync=not args.no_fsync, partial=write)
     console.print(_table(report))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write(report)
     if kind == "cuda":  # a failed NCCL attempt may leave a communicator thread waiting out its timeout: do not wait
         sys.stdout.flush()
         os._exit(0)
