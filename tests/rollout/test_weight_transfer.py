@@ -278,3 +278,21 @@ def test_a_rank_that_never_joins_or_never_sends_is_a_timeout_not_a_hang() -> Non
     assert time.monotonic() - start < 15
     made["r0"].close()
     receiver.close()
+
+
+@pytest.mark.unit
+def test_publisher_sends_the_servers_api_key(learner: PolicyModel) -> None:
+    from rollout.serve import create_app, serve_in_thread
+
+    tok = build_tokenizer()
+    policy = HFPolicy(tiny_model(seed=0, tokenizer=tok)[0], tok)
+    with serve_in_thread(create_app(policy, "tiny", api_key="sekrit")) as base:
+        refused = BroadcastPublisher([base], "gloo", timeout_s=5)
+        with pytest.raises(PublishError, match="401"):
+            refused(learner, 1)
+        pub = BroadcastPublisher([base], "gloo", timeout_s=30, api_key="sekrit")
+        assert pub(learner, 1) == "broadcast:v1"
+        assert policy.version == 1
+        assert weights_sha256(policy.model.state_dict()) == weights_sha256(learner.lm.state_dict())
+        pub.close()
+    policy.close()
