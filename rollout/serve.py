@@ -40,7 +40,10 @@ requests wait and are sampled on the new weights. ``drain_timeout_s`` bounds
 that wait: past it the update is refused (503) and nothing changed. Tensors are
 memory-mapped, never held twice in memory. ``GET /get_model_info`` reports
 ``version``, ``model_path``, ``num_running_requests``, ``num_waiting_requests``
-and ``update_pending``;
+and ``update_pending``, ``weights_sha256`` (a hash of the served state dict);
+weights also arrive without a disk over vLLM's weight-transfer routes
+(``/init_weight_transfer_engine``, ``/start_weight_update``, ``/update_weights``,
+``/finish_weight_update``: ``rollout.serve_transfer``);
 every completion and chat response carries the version that sampled it in
 ``agentenv.policy_version`` and the ``X-Policy-Version`` header.
 
@@ -72,6 +75,7 @@ from rollout.errors import ServeError
 from rollout.harnesses.parsing import extract_text
 from rollout.policy.hf import HFPolicy
 from rollout.policy.types import FinishReason, Generation, PolicyError, Prompt, SamplingParams, ThinkingBudget
+from rollout.serve_transfer import add_transfer_routes
 from rollout.serve_weights import CheckpointMismatch, UpdateGate, checked_version, read_checkpoint
 
 VERSION_HEADER = "X-Policy-Version"
@@ -245,6 +249,12 @@ def create_app(
     swap_lock = asyncio.Lock()
     loaded = {"model_path": model_path or model_name, "loaded_at": time.time(), "broken": ""}
 
+    def _transferred(version: int) -> None:
+        loaded.update(model_path=f"weight_transfer:v{version}", loaded_at=time.time(), broken="")
+
+    # vLLM's weight-transfer routes (rollout.serve_transfer): init / start / update / finish, /weights_sha256
+    transfer = add_transfer_routes(app, policy, on_loaded=_transferred)
+
     @app.exception_handler(_HTTPError)
     async def _http_error(_: Request, exc: _HTTPError) -> JSONResponse:
         error: dict[str, Any] = {"message": exc.message, "type": exc.kind, "code": exc.status}
@@ -306,6 +316,7 @@ def create_app(
             "version": policy.version, "weight_version": str(policy.version),
             "loaded_at": loaded["loaded_at"], "num_running_requests": gate.running,
             "num_waiting_requests": gate.waiting, "update_pending": gate.swap_pending, "usable": not loaded["broken"],
+            "weights_sha256": await asyncio.to_thread(transfer.sha256),
         }
 
     @app.post("/update_weights_from_disk")
@@ -346,6 +357,7 @@ def create_app(
             finally:
                 del state
             loaded.update(model_path=req.model_path, loaded_at=time.time(), broken="")
+            transfer.invalidate()
         response.headers[VERSION_HEADER] = str(version)
         return {
             "success": True, "message": f"loaded version {version} from {req.model_path}",
