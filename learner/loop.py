@@ -10,7 +10,8 @@ Phases, in order::
     eval #k      every ``eval.every`` iterations, and after the last -> pass_rate_after_rl
 
 Every episode goes through one ``rollout.runner.RolloutRunner`` (``runner:
-inprocess`` on this event loop, or ``runner: ray`` on Ray workers); requests
+inprocess`` on this event loop, or ``runner: ray`` on Ray workers; with
+``serving:`` the train turns are sampled on inference servers, ``learner.serving``); requests
 say which policy acts (``oracle`` for the warm start, ``train`` after) and how
 it samples, with a per-episode sampling seed derived from the run's seed and
 the episode id. The learner never builds a sandbox backend.
@@ -336,6 +337,10 @@ class TrainLoop:
 
     def _make_runner(self) -> RolloutRunner:
         rollout = self.cfg.rollout_job(self.run_id)
+        if self.cfg.serving is not None:  # train turns on inference servers, each version published to them
+            from learner.serving import make_served_runner
+
+            return make_served_runner(self.cfg, self.model, self.tokenizer, self.store, self.run_id)
         if self.cfg.runner == "ray":
             from rollout.runner import RayRunner
 
