@@ -7,6 +7,10 @@ sampled and the staleness bound counts real versions. The route is vLLM's token-
 ``POST /inference/v1/generate`` (``rollout.engine_routes``; ``agentenv serve`` and vLLM >= 0.22 speak it):
 nothing is re-rendered or re-tokenized on the server.
 
+**The same turn as in process**: with the learner's ``tokenizer`` given, the seed sent is ``HFPolicy``'s turn
+seed (the episode's seed and the turn's index) and the text is decoded as ``HFPolicy`` decodes it, so a served
+turn is ``HFPolicy.generate``'s token for token at the same weights (tested).
+
 **Several servers** (``ServerFleet``): each turn goes to the live server with the fewest requests in
 flight from this process, ties broken round-robin, so a fleet is shared evenly whatever the turns'
 lengths. Turns of one episode may land on different servers: they all hold the same version (the
@@ -38,7 +42,9 @@ from typing import Any
 import httpx
 
 from rollout.attempt import EpisodeLost
+from rollout.policy.hf import turn_seed
 from rollout.policy.types import FinishReason, Generation, Policy, PolicyError, Prompt, SamplingParams, ThinkingBudget
+from rollout.tokenizer import EOT
 
 __all__ = ["GENERATE_ROUTE", "ServedPolicy", "ServerFleet", "ServerLost", "server_root"]
 
@@ -132,6 +138,10 @@ class ServedPolicy(Policy):
         self.fleet = fleet
         self.model = model
         self.tokenizer = tokenizer
+        self._tok_lock = threading.Lock()
+        # HFPolicy's turn seeds: turn k of an episode samples from seed (episode seed, k), wherever it runs
+        eot = tokenizer.convert_tokens_to_ids(EOT) if tokenizer is not None else None
+        self.eot_id = int(eot) if isinstance(eot, int) and eot != tokenizer.unk_token_id else None
         self.timeout_s = float(timeout_s)
         self.name = name
         self._version = 0
@@ -164,9 +174,12 @@ class ServedPolicy(Policy):
     async def generate(self, prompt: Prompt, sampling: SamplingParams, budget: ThinkingBudget | None = None) -> Generation:
         if not prompt.token_ids:
             raise PolicyError("ServedPolicy: the prompt has no token ids (the episode runner needs a tokenizer)")
+        seed = sampling.seed
+        if seed is not None and self.eot_id is not None:
+            seed = turn_seed(int(seed), sum(t == self.eot_id for t in prompt.token_ids))
         params: dict[str, Any] = {
             "max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
-            "seed": sampling.seed, "stop": list(sampling.stop), "logprobs": 1,
+            "seed": seed, "stop": [s for s in sampling.stop if s], "logprobs": 1,
         }
         if budget is not None:
             params["thinking_budget"] = budget.max_thinking_tokens
@@ -208,10 +221,11 @@ class ServedPolicy(Policy):
         versions = tuple(int(v) for v in ext.get("token_versions") or ())
         version = int(ext.get("policy_version", min(versions, default=self._version)))
         text = choice.get("text")
-        if text is None:
-            text = self.tokenizer.decode(list(ids)) if self.tokenizer is not None else ""
+        if self.tokenizer is not None:  # HFPolicy's text: special tokens (the end of turn) left out
+            with self._tok_lock:
+                text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
         return Generation(
-            text=str(text), token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version,
+            text=str(text or ""), token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version,
             thinking_tokens=int(ext.get("thinking_tokens", 0)), sampled_mask=tuple(int(m) for m in ext.get("sampled_mask") or ()),
             budget_closed=bool(ext.get("budget_closed", False)),
             token_versions=versions if len(set(versions)) > 1 else (),
