@@ -1,0 +1,77 @@
+"""``serving:`` in train and distill configs: what is accepted, what is refused and how the refusal reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distill.types import load_distill_config
+from learner.errors import LearnerConfigError
+from learner.serving import make_server_publisher
+from learner.train_config import TrainConfig, load_train_config
+from learner.types import ServingConfig
+
+pytestmark = pytest.mark.unit
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SERVING = {"urls": ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8002"], "model": "student"}
+
+
+def _cfg(**extra: object) -> dict[str, object]:
+    return {"run_id": "s", "rollout": {"tasks": {"ids": ["general/answer_number"]}}, "serving": SERVING, **extra}
+
+
+def test_a_train_config_takes_a_served_policy() -> None:
+    cfg = TrainConfig.model_validate(_cfg())
+    assert cfg.serving is not None and cfg.serving.transport == "disk" and cfg.serving.urls == SERVING["urls"]
+
+
+def test_the_old_refusal_now_points_to_serving() -> None:
+    with pytest.raises(ValueError, match="rollout.policy: .*serving:"):
+        TrainConfig.model_validate(_cfg(rollout={"policy": {"kind": "openai", "url": "http://x:1/v1", "model": "m"}}))
+
+
+@pytest.mark.parametrize(("serving", "field"), [
+    ({"urls": []}, "urls"),
+    ({"urls": ["127.0.0.1:8001"]}, "urls"),
+    ({"urls": ["http://a:1", "http://a:1/v1"]}, "urls"),
+    ({"urls": ["http://a:1"], "transport": "smoke"}, "transport"),
+    ({"urls": ["http://a:1"], "timeout_s": 0}, "timeout_s"),
+    ({"urls": ["http://a:1"], "bogus": 1}, "bogus"),
+])
+def test_a_bad_serving_section_is_refused_naming_the_field(tmp_path: Path, serving: dict[str, object], field: str) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(_cfg(serving=serving)))
+    with pytest.raises(LearnerConfigError, match=rf"serving\.{field}"):
+        load_train_config(path)
+
+
+def test_serving_runs_episodes_in_process_only() -> None:
+    with pytest.raises(ValueError, match="serving: .*runner: 'ray'"):
+        TrainConfig.model_validate(_cfg(runner="ray"))
+
+
+def test_a_named_key_variable_must_be_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    serving = ServingConfig(urls=["http://a:1"], api_key_env="AGENTENV_TEST_SERVING_KEY")
+    monkeypatch.delenv("AGENTENV_TEST_SERVING_KEY", raising=False)
+    with pytest.raises(LearnerConfigError, match="serving.api_key_env: .*AGENTENV_TEST_SERVING_KEY"):
+        serving.api_key()
+    monkeypatch.setenv("AGENTENV_TEST_SERVING_KEY", "k")
+    assert serving.api_key() == "k"
+
+
+def test_a_transport_this_build_lacks_is_named(tmp_path: Path) -> None:
+    # the broadcast transports plug into make_server_publisher; until then they are refused, never silently disk
+    with pytest.raises(LearnerConfigError, match="serving.transport: 'nccl'"):
+        make_server_publisher(ServingConfig(urls=["http://a:1"], transport="nccl"), tmp_path)
+
+
+def test_a_distill_config_takes_a_served_student(tmp_path: Path) -> None:
+    data = yaml.safe_load((EXAMPLES / "distill.yaml").read_text())
+    data["serving"] = SERVING
+    data["distill"]["teachers"] = str((EXAMPLES / data["distill"]["teachers"]).resolve())
+    path = tmp_path / "d.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg, _ = load_distill_config(path)
+    assert cfg.serving is not None and cfg.serving.model == "student"
