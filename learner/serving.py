@@ -23,9 +23,10 @@ the episodes' ``policy_error``, naming every URL and why) or when a live server 
 error (``PublishError`` naming it): a server on other weights than the rest must never sample.
 
 Transports (``serving.transport``): ``disk`` writes each version as a ``save_pretrained`` directory under
-``serving.weights_dir`` (default ``RUN_DIR/served_weights``) and posts ``/update_weights_from_disk`` (SGLang's
-route) to each server: the servers must see that directory at the same path. ``gloo`` / ``nccl`` / ``ipc`` are
-the broadcast and CUDA IPC transfers (``make_server_publisher`` is the one place they plug in).
+``serving.weights_dir`` (default ``RUN_DIR/served_weights``; one folder per run id) and posts
+``/update_weights_from_disk`` (SGLang's route) to each server: the servers must see that directory at the
+same path. ``gloo`` / ``nccl`` / ``ipc`` are the broadcast and CUDA IPC transfers (``make_server_publisher``
+is the one place they plug in).
 """
 
 from __future__ import annotations
@@ -134,11 +135,12 @@ def make_server_publisher(
     """The publisher for ``serving.transport``: after each learner version, the weights reach every live server
     of ``fleet`` (default: all of ``serving.urls``) and each is told to load them; a failure raises naming the URL.
 
-    ``root``: where ``disk`` writes its versions (``serving.weights_dir`` wins when set).
+    ``root``: where ``disk`` writes its versions (under ``serving.weights_dir`` instead when set: ``WEIGHTS_DIR/NAME``,
+    ``NAME`` being ``root``'s last part, the run id for a training run).
     """
     fleet = fleet if fleet is not None else ServerFleet(serving.urls)
     if serving.transport == "disk":
-        where = serving.weights_dir or root
+        where = Path(serving.weights_dir) / Path(root).name if serving.weights_dir else root
         return DiskServerPublisher(where, fleet, tokenizer=tokenizer, keep=keep, timeout_s=serving.publish_timeout_s,
                                    api_key=serving.api_key())
     # The broadcast / IPC transports (learner.weight_transfer.BroadcastPublisher) plug in here.
@@ -218,7 +220,8 @@ def make_served_runner(cfg: TrainConfig, model: PolicyModel, tokenizer: PreTrain
     fleet = ServerFleet(serving.urls)
     policy = ServedPolicy(fleet, model=serving.model, tokenizer=tokenizer, api_key=serving.api_key(),
                           timeout_s=serving.timeout_s, name="train-policy")
-    publisher = make_server_publisher(serving, cfg.run_dir() / "served_weights", tokenizer=tokenizer, fleet=fleet)
+    # one folder per run (the run id holds its start time): a later run of the config starts again from version 0
+    publisher = make_server_publisher(serving, cfg.run_dir() / "served_weights" / run_id, tokenizer=tokenizer, fleet=fleet)
     return ServedRunner(
         policy, publisher, model, transport=serving.transport, tokenizer=tokenizer, backend=rollout.backend,
         run_id=run_id, store=store, concurrency=rollout.concurrency, pool_size=max(rollout.pool_size, 1),

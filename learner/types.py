@@ -422,7 +422,7 @@ class ServingConfig(BaseModel):
     transport: ServingTransport = Field(default="disk", description="how weights reach the servers (see learner.serving)")
     weights_dir: str | None = Field(
         default=None, description="disk: where versions are written, seen by every server at this path "
-        "(default RUN_DIR/served_weights)")
+        "(default RUN_DIR/served_weights); each run writes into its own RUN_ID folder there")
 
     @field_validator("urls")
     @classmethod

@@ -105,12 +105,13 @@ def _expected_episodes(group_size: int = 2, groups: int = 2) -> int:
 
 
 @pytest.mark.parametrize("transport", ["disk"])  # the broadcast transport ("gloo") joins here
-@pytest.mark.parametrize("max_lag", [0, 1])
+@pytest.mark.parametrize(("max_lag", "partial"), [(0, False), (1, False), (1, True)], ids=["sync", "K1", "K1-partial"])
 def test_training_through_two_servers_ends_on_one_version_with_every_episode_stored_once(
-    servers: list[tuple[str, subprocess.Popen[bytes]]], tmp_path: Path, transport: str, max_lag: int,
+    servers: list[tuple[str, subprocess.Popen[bytes]]], tmp_path: Path, transport: str, max_lag: int, partial: bool,
 ) -> None:
     urls = [url for url, _ in servers]
-    loop = TrainLoop(_config(tmp_path, urls, transport, max_lag), [TASK])
+    rl = {"partial_rollouts": True, "partial_oversample": 1} if partial else {}
+    loop = TrainLoop(_config(tmp_path, urls, transport, max_lag, **rl), [TASK])
     summary = asyncio.run(loop.run())
 
     assert summary["final_version"] == ITERATIONS
