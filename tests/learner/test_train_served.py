@@ -174,3 +174,25 @@ def test_a_server_that_is_down_at_start_is_named(tmp_path: Path) -> None:
     loop = TrainLoop(_config(tmp_path, [down], "disk"), [TASK])
     with pytest.raises(LearnerConfigError, match=down.replace(".", r"\.")):
         asyncio.run(loop.run())
+
+
+def test_mopd_through_two_servers_trains_on_what_the_servers_sampled(
+    servers: list[tuple[str, subprocess.Popen[bytes]]], tmp_path: Path,
+) -> None:
+    from distill.loop import run_distill
+    from distill.tiny_grid import write_tiny_grid
+    from distill.types import DistillConfig
+
+    urls = [url for url, _ in servers]
+    grid = write_tiny_grid(tmp_path / "teachers", per="domain", hidden_size=32, num_layers=1)
+    data = _config(tmp_path, urls, "disk", 1, partial_rollouts=True, partial_oversample=1,
+                   loss={"is_correction": "mis", "kl_coef": 0.0}).model_dump(mode="json")
+    data["rollout"]["efforts"] = {"levels": ["low", "high", "max"]}
+    data["distill"] = {"teachers": str(grid), "clip": 5.0, "alpha": 0.1}
+    summary = run_distill(DistillConfig.model_validate(data), tmp_path)
+
+    assert summary["final_version"] == ITERATIONS and [_info(u)["version"] for u in urls] == [ITERATIONS] * 2
+    assert summary["rollout"]["runner"] == "served" and all(n > 0 for n in summary["rollout"]["turns_per_server"].values())
+    assert all(row["mopd/tokens"] > 0 for row in summary["distill"]["steps"])  # the teachers scored served tokens
+    stored = _stored(tmp_path, summary["run_id"])
+    assert len(stored) == len({t.episode_id for t in stored}) == _expected_episodes()
