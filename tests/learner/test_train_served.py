@@ -110,8 +110,8 @@ def test_training_through_two_servers_ends_on_one_version_with_every_episode_sto
     servers: list[tuple[str, subprocess.Popen[bytes]]], tmp_path: Path, transport: str, max_lag: int, partial: bool,
 ) -> None:
     urls = [url for url, _ in servers]
-    rl = {"partial_rollouts": True, "partial_oversample": 1} if partial else {}
-    loop = TrainLoop(_config(tmp_path, urls, transport, max_lag, **rl), [TASK])
+    partial_rl = {"partial_rollouts": True, "partial_oversample": 1} if partial else {}
+    loop = TrainLoop(_config(tmp_path, urls, transport, max_lag, **partial_rl), [TASK])
     summary = asyncio.run(loop.run())
 
     assert summary["final_version"] == ITERATIONS
@@ -130,7 +130,7 @@ def test_training_through_two_servers_ends_on_one_version_with_every_episode_sto
     # each turn's version is the one the server reported: published before the last iteration's step
     assert {turn.policy_version for t in rl for turn in t.turns} <= set(range(ITERATIONS))
     assert all(row["max_lag"] <= max_lag for row in summary["rl"])
-    assert all(t.policy_version == ITERATIONS for t in stored if f"/eval{1}/" in t.episode_id)
+    assert all(t.policy_version == ITERATIONS for t in stored if "/eval1/" in t.episode_id)
 
 
 def test_a_server_killed_mid_run_costs_reruns_never_a_duplicate(
