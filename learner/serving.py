@@ -195,7 +195,7 @@ def _check_servers(policy: ServedPolicy) -> None:
     bad = {}
     for url in policy.fleet.urls:
         try:
-            resp = httpx.get(f"{url}/get_model_info", timeout=min(policy.timeout_s, 30.0), headers=policy._headers)
+            resp = httpx.get(f"{url}/get_model_info", timeout=min(policy.timeout_s, 30.0), headers=policy.headers)
         except httpx.HTTPError as exc:
             bad[url] = f"connection failed ({type(exc).__name__}: {exc})"
             continue

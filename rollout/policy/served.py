@@ -145,7 +145,7 @@ class ServedPolicy(Policy):
         self.timeout_s = float(timeout_s)
         self.name = name
         self._version = 0
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client: httpx.AsyncClient | None = None
 
     @property
@@ -168,7 +168,7 @@ class ServedPolicy(Policy):
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None or self._client.is_closed:
-            self._client = httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers)
+            self._client = httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers)
         return self._client
 
     async def generate(self, prompt: Prompt, sampling: SamplingParams, budget: ThinkingBudget | None = None) -> Generation:

@@ -108,3 +108,17 @@ def test_bad_fleets_are_refused_naming_the_argument() -> None:
         ServerFleet(["http://a:1", "a:2"])
     with pytest.raises(ValueError, match="urls: each server once"):
         ServerFleet(["http://a:1", "http://a:1/v1"])
+
+
+def test_the_bearer_token_reaches_a_server_that_needs_one(tiny: Any) -> None:
+    async def one(policy: ServedPolicy) -> Any:
+        try:
+            return await policy.generate(Prompt(token_ids=[5, 6]), SamplingParams(max_new_tokens=2, seed=0))
+        finally:
+            await policy.aclose()
+
+    with serve_in_thread(create_app(HFPolicy(tiny[0], tiny[1]), "tiny", api_key="sekrit")) as base:
+        root = server_root(base)
+        with pytest.raises(PolicyError, match="HTTP 401"):
+            asyncio.run(one(ServedPolicy(ServerFleet([root]))))
+        assert len(asyncio.run(one(ServedPolicy(ServerFleet([root]), api_key="sekrit"))).token_ids) == 2
