@@ -143,7 +143,12 @@ def make_server_publisher(
         where = Path(serving.weights_dir) / Path(root).name if serving.weights_dir else root
         return DiskServerPublisher(where, fleet, tokenizer=tokenizer, keep=keep, timeout_s=serving.publish_timeout_s,
                                    api_key=serving.api_key())
-    # The broadcast / IPC transports (learner.weight_transfer.BroadcastPublisher) plug in here.
+    # The broadcast / IPC transports plug in here, and only here (the runner, the policy and the tests take any
+    # ServerPublisher: a callable (model, version) -> str that raises PublishError naming the URLs that failed):
+    #     from learner.weight_transfer import BroadcastPublisher
+    #     return BroadcastPublisher(fleet.live(), serving.transport, timeout_s=serving.publish_timeout_s,
+    #                               api_key=serving.api_key())
+    # A process group cannot drop a member mid-run: there a server killed mid-run fails the next publish, naming it.
     raise LearnerConfigError(f"serving.transport: {serving.transport!r} is not available in this build; use 'disk'")
 
 
