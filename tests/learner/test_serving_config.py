@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,29 @@ def test_a_distill_config_takes_a_served_student(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(data))
     cfg, _ = load_distill_config(path)
     assert cfg.serving is not None and cfg.serving.model == "student"
+
+
+def test_disk_writes_each_run_under_weights_dir_when_given(tmp_path: Path) -> None:
+    from learner.serving import DiskServerPublisher
+
+    default = make_server_publisher(ServingConfig(urls=["http://a:1"]), tmp_path / "run" / "served-2026")
+    given = make_server_publisher(ServingConfig(urls=["http://a:1"], weights_dir=str(tmp_path / "shared")),
+                                  tmp_path / "run" / "served-2026")
+    assert isinstance(default, DiskServerPublisher) and isinstance(given, DiskServerPublisher)
+    assert default.checkpoint.root == tmp_path / "run" / "served-2026"
+    assert given.checkpoint.root == tmp_path / "shared" / "served-2026"
+
+
+def test_the_initial_checkpoint_from_a_shell_is_the_learners_architecture(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "init"
+    subprocess.run([sys.executable, "-m", "learner.serving", str(EXAMPLES / "served.yaml"), str(out)], cwd=root,
+                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(root)})
+    config = json.loads((out / "config.json").read_text())
+    model = load_train_config(EXAMPLES / "served.yaml").model
+    assert (config["hidden_size"], config["num_hidden_layers"]) == (model.hidden_size, model.num_layers)
+    assert (out / "tokenizer.json").is_file()
