@@ -302,7 +302,9 @@ class TrainLoop:
         self._trained: list[str] = []
         self._restored: EngineState | None = None
         self.checkpoints = RunCheckpoints(cfg.run_dir() / "checkpoints", keep=cfg.checkpoint.keep)
-        self.config_hash = config_hash(cfg.model_dump(mode="json"))
+        # serving: says where the train turns are sampled, not what the run is: a run resumes on restarted servers
+        # (new ports), and a config without it hashes as it did before the section existed
+        self.config_hash = config_hash(cfg.model_dump(mode="json", exclude={"serving"}))
         if resume:
             self.run_id = self.checkpoints.read_run(self.config_hash)
             latest = self.checkpoints.latest()
