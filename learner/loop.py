@@ -10,7 +10,8 @@ Phases, in order::
     eval #k      every ``eval.every`` iterations, and after the last -> pass_rate_after_rl
 
 Every episode goes through one ``rollout.runner.RolloutRunner`` (``runner:
-inprocess`` on this event loop, or ``runner: ray`` on Ray workers); requests
+inprocess`` on this event loop, or ``runner: ray`` on Ray workers; with
+``serving:`` the train turns are sampled on inference servers, ``learner.serving``); requests
 say which policy acts (``oracle`` for the warm start, ``train`` after) and how
 it samples, with a per-episode sampling seed derived from the run's seed and
 the episode id. The learner never builds a sandbox backend.
@@ -301,7 +302,9 @@ class TrainLoop:
         self._trained: list[str] = []
         self._restored: EngineState | None = None
         self.checkpoints = RunCheckpoints(cfg.run_dir() / "checkpoints", keep=cfg.checkpoint.keep)
-        self.config_hash = config_hash(cfg.model_dump(mode="json"))
+        # serving: says where the train turns are sampled, not what the run is: a run resumes on restarted servers
+        # (new ports), and a config without it hashes as it did before the section existed
+        self.config_hash = config_hash(cfg.model_dump(mode="json", exclude={"serving"}))
         if resume:
             self.run_id = self.checkpoints.read_run(self.config_hash)
             latest = self.checkpoints.latest()
@@ -336,6 +339,10 @@ class TrainLoop:
 
     def _make_runner(self) -> RolloutRunner:
         rollout = self.cfg.rollout_job(self.run_id)
+        if self.cfg.serving is not None:  # train turns on inference servers, each version published to them
+            from learner.serving import make_served_runner
+
+            return make_served_runner(self.cfg, self.model, self.tokenizer, self.store, self.run_id)
         if self.cfg.runner == "ray":
             from rollout.runner import RayRunner
 

@@ -8,7 +8,9 @@ the same field means the same thing in a rollout job, an eval sweep and a
 training run) and ``trainer:`` is a ``learner.types.TrainerConfig``
 (optimizer, schedule, micro-batching, device precision and every GPU fast-path
 option ``benches.learner_gpu`` measures). What is the training run's own: the
-phases (``sft``, ``rl``, ``eval``), the model, the runner, checkpoints.
+phases (``sft``, ``rl``, ``eval``), the model, the runner, checkpoints, and ``serving:``
+(``learner.types.ServingConfig``): inference servers the train turns are sampled on, each learner
+version published to them (``learner.serving``).
 
 A setting two parts both read is given once; a second, conflicting one is an
 error naming both fields, never silently rewritten: ``rl.loss.temperature``
@@ -41,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from agentenv.configs import read_yaml, validate_config
 from learner.errors import LearnerConfigError
-from learner.types import AdvantageConfig, LossConfig, TrainerConfig
+from learner.types import AdvantageConfig, LossConfig, ServingConfig, TrainerConfig
 from rollout.config import RolloutConfig, RolloutSettings
 from rollout.store import DEFAULT_URL
 
@@ -184,6 +186,10 @@ class TrainConfig(_Model):
         default="inprocess", description="where episodes run: this process (the embedded default), or Ray workers"
     )
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    serving: ServingConfig | None = Field(
+        default=None, description="sample train turns on these inference servers and publish each version to them "
+        "(learner.serving); None: a copy of the model in this process (or on each Ray worker)",
+    )
     trainer: TrainerConfig = TrainerConfig(lr=1e-3, micro_batch_tokens=4096, logprobs_at_loss_tokens=True)
     train_seeds: int = Field(default=5000, ge=1, description="training variant seeds are 0 .. train_seeds-1")
     model: ModelConfig = ModelConfig()
@@ -206,7 +212,8 @@ class TrainConfig(_Model):
             return data
         for key, home in (("run_id", "the run's own run_id"), ("store", "the run's own store"),
                           ("seeds", "train_seeds (and eval.seeds): training draws variant seeds from them"),
-                          ("policy", "the learner's own model (model:): training samples from it")):
+                          ("policy", "the learner's own model (model:): training samples from it, in this process, or "
+                                     "on inference servers given under serving: (urls, model)")):
             if key in data["rollout"]:
                 raise LearnerConfigError(f"rollout.{key}: not a setting of a training run's rollout: section; it is {home}; "
                                          "remove it")
@@ -241,6 +248,11 @@ class TrainConfig(_Model):
             )
         self._check_effort()
         self._check_sharded_learner()
+        if self.serving is not None and self.runner != "inprocess":
+            raise LearnerConfigError(
+                f"serving: episodes through servers run in the learner's process (runner: inprocess); got runner: "
+                f"{self.runner!r}: drop one of them"
+            )
         return self
 
     # ---- the sharded learner (trainer.world_size; learner.group) ----

@@ -19,16 +19,19 @@ dataclasses; batches hold tensors and are built only by ``learner.packing``.
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from learner.errors import LearnerConfigError, ShapeError
 
 __all__ = [
+    "ServingConfig",
+    "ServingTransport",
     "AdvantageConfig",
     "AdvantageEstimator",
     "Aggregation",
@@ -400,3 +403,43 @@ class StepMetrics:
         out: dict[str, float] = {k: float(v) for k, v in vars(self).items() if k != "splits"}
         out.update({k: float(v) for k, v in self.splits.items()})
         return out
+
+
+ServingTransport = Literal["disk", "gloo", "nccl"]  # CUDA IPC handles never travel over HTTP
+
+
+class ServingConfig(BaseModel):
+    """``serving:`` in a train or distill config: the servers training samples on, and how weights reach them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    urls: list[str] = Field(min_length=1, description="each server's base URL (http://host:port, with or without /v1)")
+    model: str | None = Field(default=None, description="the served model name sent with each request (None: any)")
+    api_key_env: str | None = Field(
+        default=None, description="environment variable holding the servers' bearer token (agentenv serve --api-key)")
+    timeout_s: float = Field(default=120.0, gt=0, description="one turn's deadline on a server; past it the episode reruns")
+    publish_timeout_s: float = Field(default=300.0, gt=0, description="one server's deadline to load a published version")
+    transport: ServingTransport = Field(default="disk", description="how weights reach the servers (see learner.serving)")
+    weights_dir: str | None = Field(
+        default=None, description="disk: where versions are written, seen by every server at this path "
+        "(default RUN_DIR/served_weights); each run writes into its own RUN_ID folder there")
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        roots = [u.rstrip("/").removesuffix("/v1") for u in v]
+        for i, root in enumerate(roots):
+            if not root.startswith(("http://", "https://")):
+                raise ValueError(f"urls[{i}]: expected an http(s):// URL, got {v[i]!r}")
+        if len(set(roots)) != len(roots):
+            raise ValueError(f"urls: each server once, got {v}")
+        return v
+
+    def api_key(self) -> str | None:
+        """The bearer token from ``api_key_env`` (None when no variable is named); a named but unset one is an error."""
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise LearnerConfigError(f"serving.api_key_env: the environment variable {self.api_key_env!r} is not set")
+        return key

@@ -14,8 +14,8 @@ One attempt of an episode over the contract of ``rollout.attempt`` (the other is
     Trajectory
 
 Every way the attempt can end is a ``Status`` with a reason in ``error``, except a
-lost sandbox (the container died or hung), which raises ``EpisodeLost`` for the
-runner to retry. ``policy_error`` is not graded; ``truncated`` (turns or tokens
+lost sandbox (the container died or hung) or a lost inference server (``rollout.policy.served.ServerLost``),
+which raise ``EpisodeLost`` for the runner to retry. ``policy_error`` is not graded; ``truncated`` (turns or tokens
 spent) and ``timeout`` (wall time) are.
 
 The policy binds to the attempt (``Policy.for_episode``) once its sandbox is
@@ -143,6 +143,8 @@ class _Attempt:
                     return self._record(Status.POLICY_ERROR, f"policy timed out: {exc}")
                 status = Status.TIMEOUT
                 break
+            except EpisodeLost:  # the server under the turn went away (rollout.policy.served): rerun the episode
+                raise
             except Exception as exc:  # noqa: BLE001 - PolicyError, or a policy bug: either way the model failed
                 tally.policy_s += time.monotonic() - t0
                 why = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"

@@ -47,6 +47,11 @@ weights also arrive without a disk over vLLM's weight-transfer routes
 every completion and chat response carries the version that sampled it in
 ``agentenv.policy_version`` and the ``X-Policy-Version`` header.
 
+A request that does not fit a route (a missing or mistyped field, a value out of range, a body that is not
+JSON) is a 400 in OpenAI's error shape, ``{"error": {"message", "type": "invalid_request_error", "param",
+"code": 400}}``, ``param`` naming the field (dotted: ``messages.0.role``), as OpenAI and vLLM answer; the
+official ``openai`` client raises it as ``BadRequestError`` with ``.param`` set.
+
 Differences from OpenAI / vLLM, on purpose: stop strings stay in the returned
 text (tool calls end with one; ``include_stop_str_in_output`` is accepted and
 always true), ``n`` must be 1, no streaming, no ``echo``. The reported logprob
@@ -67,6 +72,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, cast
 
 from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -87,9 +93,9 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=0)
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int = 1
@@ -159,6 +165,20 @@ class _HTTPError(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+def _validation_error(exc: RequestValidationError) -> JSONResponse:
+    """A body or query that does not fit the route's model: a 400 in OpenAI's error shape naming the field
+    (``error.param``, dotted: ``messages.0.role``), as OpenAI and vLLM answer, not FastAPI's 422 ``detail``."""
+    first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request", "type": ""}
+    if first.get("type") == "json_invalid":
+        field, why = "body", f"not valid JSON ({first.get('msg', '')})"
+    else:
+        where = [str(p) for p in first.get("loc", ()) if p not in ("body", "query")]
+        field, why = ".".join(where) or "body", str(first.get("msg", "invalid"))
+    message = f"{field}: {why}"
+    error = {"message": message, "type": "invalid_request_error", "param": field, "code": 400}
+    return JSONResponse({"success": False, "message": message, "error": error}, 400)
 
 
 def _finish(g: Generation, has_calls: bool) -> str:
@@ -255,6 +275,10 @@ def create_app(
     # vLLM's weight-transfer routes (rollout.serve_transfer): init / start / update / finish, /weights_sha256
     transfer = add_transfer_routes(app, policy, on_loaded=_transferred)
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc)
+
     @app.exception_handler(_HTTPError)
     async def _http_error(_: Request, exc: _HTTPError) -> JSONResponse:
         error: dict[str, Any] = {"message": exc.message, "type": exc.kind, "code": exc.status}
@@ -265,8 +289,10 @@ def create_app(
     def _check(req: _Sampling) -> None:
         if req.model != model_name:
             raise _HTTPError(404, f"model {req.model!r} not found; this server serves {model_name!r}", "not_found_error")
-        if req.n != 1 or req.stream:
-            raise _HTTPError(400, "only n=1 without streaming is supported")
+        if req.n != 1:
+            raise _HTTPError(400, f"n: only 1 is supported, got {req.n}", param="n")
+        if req.stream:
+            raise _HTTPError(400, "stream: only false is supported", param="stream")
 
     async def _run(ids: list[int], req: _Sampling, max_tokens: int | None = None,
                    first: Callable[[], None] | None = None) -> Generation:
@@ -407,7 +433,7 @@ def create_app(
     async def completions(req: CompletionRequest, response: Response) -> dict[str, Any]:
         _check(req)
         if req.echo:
-            raise _HTTPError(400, "echo is not supported")
+            raise _HTTPError(400, "echo: only false is supported", param="echo")
         prompt: Any = req.prompt
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
@@ -416,9 +442,9 @@ def create_app(
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             ids = [int(t) for t in prompt]
         else:
-            raise _HTTPError(400, "prompt must be one string or one non-empty list of token ids")
+            raise _HTTPError(400, "prompt: must be one string or one non-empty list of token ids", param="prompt")
         if max(ids, default=0) >= len(tok) or min(ids, default=0) < 0:
-            raise _HTTPError(400, f"prompt token ids must be in [0, {len(tok)})")
+            raise _HTTPError(400, f"prompt: token ids must be in [0, {len(tok)})", param="prompt")
         k = req.prompt_logprobs
         if k is not None and not 0 <= k <= MAX_PROMPT_LOGPROBS:
             raise _HTTPError(400, f"prompt_logprobs: expected an int in [0, {MAX_PROMPT_LOGPROBS}] or null, got {k}",

@@ -229,3 +229,27 @@ def test_agentenv_serve_cli_in_a_subprocess(tmp_path: Any) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.parametrize(("call", "param"), [
+    (lambda c: c.chat.completions.create(model="tiny", messages="not a list"), "messages"),  # type: ignore[arg-type]
+    (lambda c: c.chat.completions.create(model="tiny", messages=MESSAGES, temperature=-1), "temperature"),
+    (lambda c: c.chat.completions.create(model="tiny", messages=MESSAGES, top_p=1.5), "top_p"),
+    (lambda c: c.chat.completions.create(model="tiny", messages=MESSAGES, n=2), "n"),
+    (lambda c: c.completions.create(model="tiny", prompt=[[1, 2], [3]], max_tokens=2), "prompt"),
+    (lambda c: c.completions.create(model="tiny", prompt="hi", max_tokens=-3), "max_tokens"),
+    (lambda c: c.completions.create(model="tiny", prompt="hi", echo=True), "echo"),
+])
+def test_a_malformed_request_is_a_400_naming_the_field_to_the_official_client(url: str, call: Any, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        call(_client(url))
+    err = caught.value
+    assert err.status_code == 400 and err.param == param and param in err.message, (err.body, err.message)
+    assert isinstance(err.body, dict) and err.body.get("type") == "invalid_request_error"
+
+
+def test_a_body_that_is_not_json_is_a_400(url: str) -> None:
+    import httpx
+
+    r = httpx.post(f"{url}/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "body", r.text
