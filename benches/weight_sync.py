@@ -145,7 +145,7 @@ class _Servers:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.urls: list[str] = []
         self.logs: list[Path] = []
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
         if device == "cpu":
             env["OMP_NUM_THREADS"] = "1"
         for i in range(n):
