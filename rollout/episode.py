@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 from agentenv.registry import get_task
 from agentenv.types import Task, Variant
 from rollout.attempt import AttemptHost, EpisodeContext, EpisodeLost, EpisodeRequest, SamplingParams
+from rollout.branching import TreeRegistry
 from rollout.emulated_attempt import run_emulated_attempt
 from rollout.gate import TurnGate
 from rollout.harnesses import is_native_harness
@@ -101,6 +102,7 @@ class EpisodeRunner:
         self.sandboxes = PristineSandboxes(backend, pool_size=pool_size)
         self._threads = ThreadPoolExecutor(max_workers=MAX_THREADS, thread_name_prefix="episode")
         self._tasks: dict[str, Task] = {}
+        self.trees = TreeRegistry()  # tree rollouts: the checkpoints roots publish and their leaves wait for
 
     async def run(self, req: EpisodeRequest) -> Trajectory:
         """Run ``req`` to a ``Trajectory`` (stored if the runner has a store). Never raises for a failed episode."""
