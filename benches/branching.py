@@ -84,7 +84,7 @@ class _Walk(Policy):
         assert isinstance(harness, BaseHarness)  # noqa: S101 - the emulated harnesses are
         rng = random.Random(f"{sampling.seed}:{t}")
         if t < self.parent.walk:
-            command = f"echo step{t}-{rng.randrange(10**6)} >> /tmp/walk.log; sleep {self.parent.sleep_s}"
+            command = f"echo step{t}-{rng.randrange(10**6)} >> $HOME/walk.log; sleep {self.parent.sleep_s}"
             return _text(harness.render_turn([Intent("exec_shell", {"command": command})]), self.version)
         if t == self.parent.walk and rng.random() < self.parent.wrong:
             return _text(harness.render_turn([Intent("submit", {"answer": "no idea"})]), self.version)

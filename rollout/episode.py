@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 from agentenv.registry import get_task
 from agentenv.types import Task, Variant
 from rollout.attempt import AttemptHost, EpisodeContext, EpisodeLost, EpisodeRequest, SamplingParams
-from rollout.branching import TreeRegistry
+from rollout.branching import TreeRegistry, leaves_per_root
 from rollout.emulated_attempt import run_emulated_attempt
 from rollout.gate import TurnGate
 from rollout.harnesses import is_native_harness
@@ -197,7 +197,7 @@ class EpisodeRunner:
         return Trajectory(
             episode_id=req.episode_id, run_id=req.run_id, task_id=req.task_id, domain="", seed=req.seed,
             harness=req.harness, effort=req.effort or "", policy_version=self._version_of(req), status=status,
-            reward=0.0, error=error, verifier={"attempt": req.attempt, "group_id": req.group_id},
+            reward=0.0, error=error, verifier={"attempt": req.attempt, "group_id": req.group_id, **_branch_failed(req, error)},
             timings=Timings(total_s=time.monotonic() - started),
         )
 
@@ -215,3 +215,15 @@ class EpisodeRunner:
             return int(self.policy_for(req).version)
         except KeyError:
             return int(self.policy.version)
+
+
+def _branch_failed(req: EpisodeRequest, error: str) -> dict[str, Any]:
+    """A tree episode that no attempt recorded still says where in its tree it was, and why it failed."""
+    role = req.branch
+    if role is None:
+        return {}
+    return {"branch": {
+        "root": role.root, "parent": None if role.is_root else role.root,
+        "path": "" if role.is_root else req.episode_id[len(role.root) + 1:], "turn": None, "snapshot": None,
+        "prefix_turns": 0, "prefix_tokens": 0, "points": [], "failed": [error], "leaves": leaves_per_root(role.plan()),
+    }}
