@@ -39,7 +39,7 @@ from rollout.errors import RolloutError
 from rollout.gate import TurnGate
 from rollout.harnesses import canonical_harness
 from rollout.pristine import Lease, PristineSandboxes
-from sandboxes.types import Sandbox, SandboxBackend
+from sandboxes.types import Sandbox, SandboxBackend, SnapshotRef
 
 T = TypeVar("T")
 
@@ -147,6 +147,10 @@ class AttemptHost(Protocol):
 
     async def acquire(self, task: Task, variant: Variant) -> Lease:
         """A sandbox at ``variant``'s pristine state; cancelled while it is being acquired, it leaks nothing."""
+        ...
+
+    async def restore(self, task: Task, ref: SnapshotRef) -> Lease:
+        """A sandbox at the FAST snapshot ``ref`` (a branch leaf, a resume); cancelled meanwhile, it leaks nothing."""
         ...
 
     async def quiesce(self) -> None:

@@ -150,7 +150,7 @@ class _Attempt:
                     await host.blocking(host.sandboxes.release, dead)
                     t0 = time.monotonic()
                     try:
-                        current = await host.blocking(host.sandboxes.restore, task, cp.ref)
+                        current = await host.restore(task, cp.ref)
                     except (SandboxError, OSError) as exc2:
                         raise EpisodeLost(f"{why}; resume from snapshot {cp.ref.id} failed: {exc2}") from exc2
                     finally:
@@ -179,7 +179,7 @@ class _Attempt:
             return None
         t0 = time.monotonic()
         try:
-            lease = await host.blocking(host.sandboxes.restore, task, got.ref)
+            lease = await host.restore(task, got.ref)
         except (SandboxError, OSError) as exc:
             self.leaf["failed"].append(f"restore of snapshot {got.ref.id} (turn {got.turn}) failed: {type(exc).__name__}: {exc}")
             return None

@@ -48,7 +48,7 @@ from rollout.policy.types import Policy
 from rollout.pristine import Lease, PristineSandboxes
 from rollout.store import TrajectoryStore
 from rollout.types import Status, Timings, Trajectory
-from sandboxes.types import SandboxBackend
+from sandboxes.types import SandboxBackend, SnapshotRef
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -183,6 +183,11 @@ class EpisodeRunner:
         """A pristine sandbox of ``variant`` from the runner's threads. A cancellation while the thread still
         acquires gives the lease back when it arrives (``PristineSandboxes.acquire_from``): nothing leaks."""
         return await self.sandboxes.acquire_from(self._threads, task, variant)
+
+    async def restore(self, task: Task, ref: SnapshotRef) -> Lease:
+        """A sandbox at the FAST snapshot ``ref`` (a branch or a resume), from the runner's threads; a cancellation
+        while the thread still restores gives the lease back when it arrives, like ``acquire``."""
+        return await self.sandboxes.restore_from(self._threads, task, ref)
 
     async def quiesce(self) -> None:
         """Wait for the current attempt's calls still running in threads (shielded: also while it is cancelled)."""

@@ -280,3 +280,34 @@ def test_a_killed_container_resumes_from_the_last_snapshot_in_a_new_sandbox(back
     assert [t.index for t in traj.turns] == list(range(len(traj.turns))), "each turn once: none replayed, none lost"
     assert traj.token_ids.count(tok.convert_tokens_to_ids("<|im_end|>")) >= len(traj.turns), "one sample, every turn in it"
     assert lost.status is Status.SANDBOX_LOST and "resumes" not in lost.verifier, "off: lost as before"
+
+
+@pytest.mark.unit
+def test_a_forked_renderer_is_independent_of_its_original(tok: Any) -> None:
+    from rollout.harnesses.rendering import EpisodeRenderer
+
+    r = EpisodeRenderer(tok, [{"role": "user", "content": "hi"}])
+    r.add_completion(tok.encode("hello", add_special_tokens=False) + [r.eot_id], {"role": "assistant", "content": "hello"})
+    twin = r.fork()
+    before = (list(r.current.ids), list(r.history))
+    twin.add_observations([{"role": "user", "content": "more"}])
+    assert (r.current.ids, r.history) == before and len(twin.current.ids) > len(r.current.ids)
+    assert twin.current.ids[: len(before[0])] == before[0]
+
+
+@pytest.mark.docker
+def test_an_entropy_leaf_starts_from_the_point_its_root_chose_at_the_end(backend: Any, tok: Any) -> None:
+    runner = EpisodeRunner(Walker(walk=3, wrong=0.0), backend=backend, tokenizer=tok, pool_size=2)
+    reqs = [EpisodeRequest(f"entropy/{j}", "branch-test", TASK, seed=0, harness=HARNESS, effort="high", group_id="entropy",
+                           sampling=SamplingParams(seed=j + 7)) for j in range(2)]
+    reqs = branch_requests(reqs, BranchRole(root="", kind="entropy", budget=1, k=2, max_turn=2))
+    try:
+        root, leaf = asyncio.run(_all(runner, reqs))
+    finally:
+        runner.close()
+    assert leaf.episode_id == "entropy/0/e0.1" and root.status is Status.OK and leaf.status is Status.OK
+    # The walker's text turns carry no logprobs: every turn scores 0, and the tie goes to the earliest.
+    [point] = root.verifier["branch"]["points"]
+    b = leaf.verifier["branch"]
+    assert point["turn"] == b["turn"] == 0 and b["prefix_turns"] == 1 and not b["failed"]
+    assert leaf.token_ids[: b["prefix_tokens"]] == root.token_ids[: b["prefix_tokens"]]
