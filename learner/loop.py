@@ -275,7 +275,7 @@ def group_cost_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, floa
     if not costs:
         return {}
     n = len(costs)
-    return {"leaves_per_group": sum(c.leaves for c in costs) / n, "sandbox_s_per_group": sum(c.sandbox_s for c in costs) / n,
+    return {"leaves_per_group": sum(c.leaves for c in costs) / n, "per_group_sandbox_s": sum(c.sandbox_s for c in costs) / n,
             "gen_tokens_per_group": sum(c.generated_tokens for c in costs) / n,
             "learner_tokens_per_group": sum(c.learner_tokens for c in costs) / n}
 
