@@ -159,6 +159,9 @@ class _Attempt:
                                          "turns_saved": len(cp.turns)})
                     log.info("episode %s resumed after turn %d from snapshot %s (%s)", req.episode_id, cp.turn, cp.ref.id, why)
                     self.start = cp
+                    # What the lost sandbox did after ``cp`` is gone: its later checkpoints and scores with it.
+                    self.checkpoints = {t: c for t, c in self.checkpoints.items() if t <= cp.turn}
+                    self.surprisal = {t: v for t, v in self.surprisal.items() if t <= cp.turn}
         finally:
             await host.quiesce()  # cancelled mid tool call: let the thread end before the reset inspects the sandbox
             if current is not None:

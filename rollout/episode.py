@@ -166,6 +166,12 @@ class EpisodeRunner:
             from rollout.native_attempt import run_native_attempt
 
             attempt = run_native_attempt
+            if req.branch is not None:  # the program owns its loop: no turn boundary to fork at, nothing to wait for
+                why = "a native harness neither branches nor continues a branch: run whole"
+                if req.branch.is_root:
+                    self.trees.finish(req.branch.root, req.branch.plan().points, why)
+                traj = await attempt(self, req, self._task(req.task_id), self.policy_for(req), req.sampling or self.sampling, started)
+                return replace(traj, verifier={**dict(traj.verifier), **_branch_failed(req, why)})
         return await attempt(self, req, self._task(req.task_id), self.policy_for(req), req.sampling or self.sampling, started)
 
     # ------------------------------------------------------------ what attempts use (rollout.attempt.AttemptHost)
