@@ -17,16 +17,15 @@ from typing import Any
 
 import pytest
 
-from benches.branching import HARNESS, TASK, Walker
+from benches.branching import HARNESS, TASK, Killing, Walker
 from learner.checkpoint import config_hash
 from learner.train_config import load_train_config
-from rollout.attempt import EpisodeContext, EpisodeRequest, SamplingParams
+from rollout.attempt import EpisodeRequest, SamplingParams
 from rollout.branching import (
     BranchRole, EntropyTurns, FixedTurns, TreeRegistry, branch_requests, leaves_per_root, make_plan, tree_costs,
 )
 from rollout.config import ConfigError, RolloutSettings, parse_config
 from rollout.episode import EpisodeRunner
-from rollout.policy.types import Generation, Policy, Prompt, ThinkingBudget
 from rollout.store import TrajectoryStore
 from rollout.types import Sample, Status, Timings, Trajectory, Turn
 
@@ -219,58 +218,15 @@ def test_a_point_the_root_never_reaches_fails_its_leaves_without_raising(backend
     assert "before this point" in leaf.verifier["branch"]["failed"][0] and leaf.verifier["branch"]["prefix_turns"] == 0
 
 
-class _Killer(Policy):
-    """The walker, killing its own container once, before turn ``at``."""
-
-    name = "killer"
-
-    def __init__(self, docker_client: Any, at: int) -> None:
-        self.inner, self.client, self.at, self.killed = Walker(walk=4, wrong=0.0), docker_client, at, 0
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def for_episode(self, ctx: EpisodeContext) -> Policy:
-        walk, outer = self.inner.for_episode(ctx), self
-
-        class _Episode(Policy):
-            name = "killer"
-            version = 0
-
-            def __init__(self) -> None:
-                self.walk, self.sandbox = walk, ctx.sandbox
-
-            async def generate(self, prompt: Prompt, sampling: SamplingParams, budget: ThinkingBudget | None = None) -> Generation:
-                if getattr(self.walk, "turn", 0) == outer.at and not outer.killed:
-                    outer.killed += 1
-                    outer.client.containers.get(self.sandbox.container_id).kill()  # type: ignore[attr-defined]
-                return await self.walk.generate(prompt, sampling, budget)
-
-            def __copy__(self) -> Any:
-                import copy
-
-                twin = object.__new__(type(self))
-                twin.__dict__.update(self.__dict__)
-                twin.walk = copy.copy(self.walk)
-                return twin
-
-        return _Episode()
-
-    async def generate(self, prompt: Prompt, sampling: SamplingParams, budget: ThinkingBudget | None = None) -> Generation:
-        raise RuntimeError("needs its episode")
-
-
 @pytest.mark.docker
 def test_a_killed_container_resumes_from_the_last_snapshot_in_a_new_sandbox(backend: Any, tok: Any, docker_client: Any) -> None:
-    policy = _Killer(docker_client, at=3)
+    policy = Killing(Walker(walk=4, wrong=0.0), at=3, client=docker_client)  # kills each episode's container once
     runner = EpisodeRunner(policy, backend=backend, tokenizer=tok, pool_size=2, sandbox_retries=0)
     req = EpisodeRequest("resume/0", "branch-test", TASK, seed=0, harness=HARNESS, effort="high",
                          sampling=SamplingParams(seed=5), resume_from_snapshots=True)
     plain = dataclasses.replace(req, episode_id="resume/plain", resume_from_snapshots=False)
     try:
         traj = asyncio.run(runner.run(req))
-        policy.killed = 0
         lost = asyncio.run(runner.run(plain))
     finally:
         runner.close()
