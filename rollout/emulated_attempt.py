@@ -20,6 +20,15 @@ spent) and ``timeout`` (wall time) are.
 
 The policy binds to the attempt (``Policy.for_episode``) once its sandbox is
 ready, and the attempt samples from what that returns.
+
+Trees and resume (``rollout.branching``): at a turn boundary the attempt may
+take a ``Checkpoint`` (a FAST snapshot plus its exact token, harness, message
+and policy state). A root publishes the checkpoints of its branch points for
+its leaves; a leaf starts from its point's checkpoint in a restored sandbox
+instead of the pristine state (or, when that fails, from the pristine state,
+the reason recorded); with ``resume_from_snapshots`` a lost sandbox continues
+from the newest checkpoint in a new one (``MAX_RESUMES`` times) before it is
+``EpisodeLost``.
 """
 
 from __future__ import annotations
