@@ -267,3 +267,19 @@ def test_an_entropy_leaf_starts_from_the_point_its_root_chose_at_the_end(backend
     b = leaf.verifier["branch"]
     assert point["turn"] == b["turn"] == 0 and b["prefix_turns"] == 1 and not b["failed"]
     assert leaf.token_ids[: b["prefix_tokens"]] == root.token_ids[: b["prefix_tokens"]]
+
+
+@pytest.mark.unit
+def test_trees_across_processes_are_refused_before_anything_runs() -> None:
+    from learner.errors import LearnerConfigError
+    from learner.train_config import TrainConfig
+    from rollout.scheduler import plan_episodes
+
+    tree = {"group_size": 2, "branching": {"kind": "fixed", "turns": [0], "k": 2}}
+    with pytest.raises((LearnerConfigError, ValueError), match="runner: inprocess"):
+        TrainConfig.model_validate({"run_id": "r", "runner": "ray", "rollout": tree})
+    assert TrainConfig.model_validate({"run_id": "r", "rollout": tree}).rollout.branching.on
+    with pytest.raises(ConfigError, match="in-process runner only"):
+        plan_episodes(parse_config({"run_id": "r", **tree}), ["general/answer_number"])
+    resumed = plan_episodes(parse_config({"run_id": "r", "group_size": 2, "resume_from_snapshots": True}), ["t"])
+    assert all(r.resume_from_snapshots for r in resumed), "a rollout job's episodes resume in any runner"
