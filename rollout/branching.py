@@ -181,8 +181,7 @@ def make_plan(kind: Literal["fixed", "entropy"], *, turns: Sequence[int] = (), k
 class BranchRole:
     """What an ``EpisodeRequest`` is in a tree. ``point == -1``: the root (it carries the plan's fields);
     otherwise leaf ``index`` (``1..k-1``) of ``point`` of root ``root``. Plain data: it pickles and
-    round-trips JSON (``EpisodeRequest`` rebuilds it from a dict). Typed ``Any`` here: ``rollout.attempt``
-    imports this module, so this module does not name its types."""
+    round-trips JSON (``EpisodeRequest`` rebuilds it from a dict)."""
 
     root: str
     point: int = -1
