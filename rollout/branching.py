@@ -207,7 +207,8 @@ class BranchRole:
 def branch_requests(requests: Sequence[Any], role: BranchRole) -> list[Any]:
     """A planned group of independent requests as trees: each run of ``leaves_per_root`` requests becomes one
     root (the first, unchanged but for its role) and its leaves (renamed ``<root>/<leaf_name>``, with the root's
-    task, seed, harness and effort, and their own sampling seeds). ``role`` carries the plan (``root`` unused)."""
+    task, seed, harness and effort, and their own sampling seeds). ``role`` carries the plan (``root`` unused).
+    The requests are typed ``Any``: ``rollout.attempt`` imports this module, so this one does not import it back."""
     plan = role.plan()
     per = leaves_per_root(plan)
     if len(requests) % per:
