@@ -66,6 +66,10 @@ def config_hash(config: dict[str, Any]) -> str:
     rollout = dict(keep.get("rollout") or {})
     for k in ("store", "run_id", "ray", "workers", "concurrency", "pool_size", "warm"):
         rollout.pop(k, None)  # where and how wide it runs, not what it learns
+    if rollout.get("branching", {}).get("kind", "off") == "off":
+        rollout.pop("branching", None)  # off: a run that never branched keeps the hash it had before branching existed
+    if not rollout.get("resume_from_snapshots", False):
+        rollout.pop("resume_from_snapshots", None)
     if "seeds" not in rollout and "policy" not in rollout:
         # A training run's rollout: section has no seeds or policy; before it was a whole rollout job's config, where
         # training left both at their defaults. They stay in the hash so a run checkpointed then still resumes.

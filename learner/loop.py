@@ -75,6 +75,7 @@ from learner.sft import batches, sft_items, sft_step
 from learner.train_config import TrainConfig
 from learner.trainer import Trainer, lr_factor
 from learner.types import TrainItem
+from rollout.branching import branch_requests, tree_costs
 from rollout.episode import EpisodeRequest
 from rollout.errors import StalenessError
 from rollout.harnesses.parsing import CALL_CLOSE
@@ -266,6 +267,18 @@ class _Group:
 
     def results(self) -> list[Trajectory]:
         return [t for t in (f.result() for f in self.futures) if t is not None]
+
+
+def group_cost_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+    """Mean per group of what it cost (``rollout.branching.tree_costs``): leaves, sandbox-seconds, generated tokens
+    and learner tokens (a tree's shared prefix once), so tree and independent groups compare on one scale."""
+    costs = [tree_costs(g) for g in groups if g]
+    if not costs:
+        return {}
+    n = len(costs)
+    return {"leaves_per_group": sum(c.leaves for c in costs) / n, "per_group_sandbox_s": sum(c.sandbox_s for c in costs) / n,
+            "gen_tokens_per_group": sum(c.generated_tokens for c in costs) / n,
+            "learner_tokens_per_group": sum(c.learner_tokens for c in costs) / n}
 
 
 def _request_json(req: EpisodeRequest) -> dict[str, Any]:
@@ -495,10 +508,15 @@ class TrainLoop:
         return trainer
 
     def _plan_group(self) -> list[EpisodeRequest]:
-        """The next batch of groups' requests is planned a group at a time; ``rl{b}`` is its plan batch."""
-        return self._train_requests(f"rl{self._planned_batches}", self._draw_seeds(1), self.cfg.rollout.group_size,
-                                    sampling=self._sampling(self.cfg.rollout.sampling.temperature,
-                                                            self.cfg.rollout.sampling.top_p))
+        """The next batch of groups' requests is planned a group at a time; ``rl{b}`` is its plan batch. With
+        ``rollout.branching`` the group's G requests become roots x leaves (``rollout.branching.branch_requests``:
+        the same draws, so turning it on changes nothing else of the plan)."""
+        rollout = self.cfg.rollout
+        reqs = self._train_requests(f"rl{self._planned_batches}", self._draw_seeds(1), rollout.group_size,
+                                    sampling=self._sampling(rollout.sampling.temperature, rollout.sampling.top_p))
+        if rollout.resume_from_snapshots:
+            reqs = [dataclasses.replace(r, resume_from_snapshots=True) for r in reqs]
+        return branch_requests(reqs, rollout.branching.role()) if rollout.branching.on else reqs
 
     def _submit(self, requests: Sequence[EpisodeRequest]) -> list[asyncio.Future[Trajectory | None]]:
         futures = [self.runner.submit(r) for r in requests]
@@ -571,6 +589,7 @@ class TrainLoop:
             trajs = [t for g in taken for t in g.results()]
             t1 = time.monotonic()
             row = await self._learn(trainer, it, trajs, len(pending))
+            row |= group_cost_metrics([g.results() for g in taken])
             if not isinstance(trainer, Trainer):  # the sharded learner's weights, gathered, become this process's copy
                 self.model.lm.load_state_dict(await asyncio.to_thread(trainer.state_dict))
             await self._publish(self.version + 1)

@@ -237,6 +237,11 @@ class TrainConfig(_Model):
             raise LearnerConfigError(
                 "rollout.sampling.temperature: RL samples need a temperature > 0 (their logprobs are trained on), got 0"
             )
+        if self.rollout.branching.on and self.runner == "ray":
+            raise LearnerConfigError(
+                "rollout.branching: tree rollouts need a root and its leaves in one process (runner: inprocess); "
+                "on Ray workers they would be split (not done yet): set runner: inprocess or branching.kind: off"
+            )
         if self.rollout.group_size < 2:
             raise LearnerConfigError(
                 f"rollout.group_size: group-relative advantages need >= 2 samples per variant, got {self.rollout.group_size}"

@@ -34,11 +34,12 @@ from typing import Any, Protocol, TypeVar
 
 from agentenv.intents import Harness
 from agentenv.types import Task, Variant, VerifierResult
+from rollout.branching import BranchRole, TreeRegistry
 from rollout.errors import RolloutError
 from rollout.gate import TurnGate
 from rollout.harnesses import canonical_harness
 from rollout.pristine import Lease, PristineSandboxes
-from sandboxes.types import Sandbox, SandboxBackend
+from sandboxes.types import Sandbox, SandboxBackend, SnapshotRef
 
 T = TypeVar("T")
 
@@ -92,9 +93,16 @@ class EpisodeRequest:
     # False: the prompt carries no effort message although ``effort`` is set (an expert of one effort
     # cell is trained, and scores, without it; the effort still selects its budget, style and metrics).
     show_effort: bool = True
+    # Its place in a tree rollout (``rollout.branching``): None, an independent episode (the default).
+    branch: BranchRole | None = None
+    # A lost sandbox resumes from the last turn-boundary snapshot (up to ``MAX_RESUMES`` times) instead of the
+    # attempt failing: a FAST snapshot at every turn boundary (the emulated attempt only).
+    resume_from_snapshots: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", canonical_harness(self.harness))  # "cli:x" is recorded as "native:x"
+        if isinstance(self.branch, dict):  # read back from JSON (a checkpointed run's pending groups)
+            object.__setattr__(self, "branch", BranchRole.from_json(self.branch))
 
 
 @dataclass(frozen=True)
@@ -133,11 +141,16 @@ class AttemptHost(Protocol):
     tokenizer: Any
     gate: TurnGate | None
     grade_in_place: bool
+    trees: TreeRegistry
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T: ...
 
     async def acquire(self, task: Task, variant: Variant) -> Lease:
         """A sandbox at ``variant``'s pristine state; cancelled while it is being acquired, it leaks nothing."""
+        ...
+
+    async def restore(self, task: Task, ref: SnapshotRef) -> Lease:
+        """A sandbox at the FAST snapshot ``ref`` (a branch leaf, a resume); cancelled meanwhile, it leaks nothing."""
         ...
 
     async def quiesce(self) -> None:

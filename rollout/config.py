@@ -26,11 +26,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from agentenv.configs import load_yaml_config, validate_config
 from agentenv.intents import EFFORT_LEVELS
 from agentenv.types import Domain
+from rollout.branching import BranchRole
 from rollout.errors import ConfigError
 from rollout.harnesses.rotation import RotationPolicy
 from rollout.store import DEFAULT_URL
 
 __all__ = [
+    "BranchingConfig",
     "ConfigError",
     "EffortDraw",
     "FleetConfig",
@@ -205,6 +207,39 @@ class FleetConfig(_Model):
     ray: RayConfig = Field(default_factory=RayConfig)
 
 
+class BranchingConfig(_Model):
+    """Tree rollouts (``rollout.branching``): each group is ``roots_per_group`` roots, each forked at turn
+    boundaries into continuations that share its prefix; ``group_size`` must be ``roots_per_group`` times
+    the leaves per root (``1 + points * (k - 1)``). ``kind: off`` (the default): independent episodes."""
+
+    kind: Literal["off", "fixed", "entropy"] = "off"
+    turns: tuple[int, ...] = Field(default=(), description="fixed: branch after these 0-based turn indices")
+    k: int = Field(default=2, ge=2, description="continuations per branch point (the root's own included)")
+    budget: int = Field(default=1, ge=1, description="entropy: branch points per root")
+    max_turn: int = Field(default=8, ge=1, description="entropy: branch only after turns below this")
+    roots_per_group: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> BranchingConfig:
+        if self.kind == "fixed" and (not self.turns or len(set(self.turns)) != len(self.turns) or min(self.turns) < 0):
+            raise ConfigError(f"turns: kind 'fixed' needs distinct turn indices >= 0, got {list(self.turns)}")
+        return self
+
+    @property
+    def on(self) -> bool:
+        return self.kind != "off"
+
+    def leaves_per_root(self) -> int:
+        points = len(self.turns) if self.kind == "fixed" else self.budget
+        return 1 + points * (self.k - 1)
+
+    def role(self) -> BranchRole:
+        """The plan as the ``BranchRole`` template ``rollout.branching.branch_requests`` fills in per root."""
+        if self.kind == "off":
+            raise ConfigError("branching.kind: 'off' has no plan")
+        return BranchRole(root="", kind=self.kind, turns=self.turns, k=self.k, budget=self.budget, max_turn=self.max_turn)
+
+
 class RolloutSettings(FleetConfig):
     """How episodes are drawn and run, in every config that runs them: a rollout job (``RolloutConfig``) and a
     training or distill run's ``rollout:`` section. The tasks, G samples per group, harness rotation,
@@ -217,6 +252,23 @@ class RolloutSettings(FleetConfig):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     retries: RetryConfig = Field(default_factory=RetryConfig)
+    branching: BranchingConfig = Field(default_factory=BranchingConfig)
+    resume_from_snapshots: bool = Field(
+        default=False,
+        description="a FAST snapshot at every turn boundary; an episode whose sandbox is lost continues from the last "
+        "one in a new sandbox (up to rollout.branching.MAX_RESUMES times) instead of being rerun from scratch",
+    )
+
+    @model_validator(mode="after")
+    def _check_tree(self) -> RolloutSettings:
+        if self.branching.on:
+            per = self.branching.leaves_per_root() * self.branching.roots_per_group
+            if self.group_size != per:
+                raise ConfigError(
+                    f"group_size: with branching it must be roots_per_group x leaves per root "
+                    f"({self.branching.roots_per_group} x {self.branching.leaves_per_root()} = {per}), got {self.group_size}"
+                )
+        return self
 
 
 class RolloutConfig(RolloutSettings):

@@ -20,13 +20,24 @@ spent) and ``timeout`` (wall time) are.
 
 The policy binds to the attempt (``Policy.for_episode``) once its sandbox is
 ready, and the attempt samples from what that returns.
+
+Trees and resume (``rollout.branching``): at a turn boundary the attempt may
+take a ``Checkpoint`` (a FAST snapshot plus its exact token, harness, message
+and policy state). A root publishes the checkpoints of its branch points for
+its leaves; a leaf starts from its point's checkpoint in a restored sandbox
+instead of the pristine state (or, when that fails, from the pristine state,
+the reason recorded); with ``resume_from_snapshots`` a lost sandbox continues
+from the newest checkpoint in a new one (``MAX_RESUMES`` times) before it is
+``EpisodeLost``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import json
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -39,6 +50,7 @@ from agentenv.intent_exec import EpisodeState, IntentExecutor
 from agentenv.intents import Harness, ParsedTurn, ParseError
 from agentenv.types import Episode, Task, Variant, VerifierResult
 from rollout.attempt import AttemptHost, EpisodeContext, EpisodeLost, EpisodeRequest, SamplingParams, verifier_record
+from rollout.branching import MAX_RESUMES, BranchPlan, Checkpoint, leaves_per_root
 from rollout.harnesses import get_harness
 from rollout.eval.types import policy_fault_is_infrastructure
 from rollout.harnesses.rendering import EpisodeRenderer
@@ -46,7 +58,9 @@ from rollout.policy.types import Generation, Policy, PolicyError, Prompt, Thinki
 from rollout.pristine import Lease
 from rollout.types import Sample, Status, Timings, Trajectory, Turn
 from sandboxes.errors import SandboxError, SandboxLost, SandboxTimeout
-from sandboxes.types import Sandbox
+from sandboxes.types import Sandbox, SnapshotKind
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Tally", "record", "run_emulated_attempt"]
 
@@ -77,52 +91,145 @@ async def run_emulated_attempt(
 
 
 class _Attempt:
-    """The state of one emulated attempt (the runner's services, what it was given, what it accumulates)."""
+    """The state of one emulated attempt (the runner's services, what it was given, what it accumulates).
+
+    The path state (messages, harness state, per-episode policy, deadline) lives on the attempt, so a
+    turn boundary can be checkpointed (``rollout.branching.Checkpoint``) and a continuation (a branch
+    leaf, or this attempt resumed in a new sandbox) can start from one.
+    """
 
     def __init__(
         self, host: AttemptHost, req: EpisodeRequest, task: Task, policy: Policy, sampling: SamplingParams, started: float
     ) -> None:
         self.host, self.req, self.task, self.base, self.sampling_base, self.started = host, req, task, policy, sampling, started
         self.tally = Tally()
+        self.role = req.branch
+        self.plan: BranchPlan | None = self.role.plan() if self.role is not None else None
+        self.start: Checkpoint | None = None  # where the next ``_play`` continues from (None: the pristine state)
+        self.last: Checkpoint | None = None  # this path's newest checkpoint (resume)
+        self.checkpoints: dict[int, Checkpoint] = {}  # a root's checkpoints at its plan's turns
+        self.surprisal: dict[int, float] = {}  # turn -> mean -logprob of its sampled tokens
+        self.leaf: dict[str, Any] = {}  # a leaf's branch record (turn, snapshot, prefix, failures)
+        self.resumes: list[dict[str, Any]] = []
+        self.messages: list[Mapping[str, Any]] = []
+        self.state = EpisodeState()
+        self.policy: Policy = policy
+        self.deadline = 0.0
+        self.tools: tuple[Mapping[str, Any], ...] = ()
 
     async def run(self) -> Trajectory:
-        host, req, task, tally = self.host, self.req, self.task, self.tally
+        host, req, task, tally, role = self.host, self.req, self.task, self.tally, self.role
         variant = task.variant(req.seed)
         harness = get_harness(req.harness)
-        t0 = time.monotonic()
+        if role is not None and role.is_root:
+            host.trees.started(role.root)
         try:
-            lease = await host.acquire(task, variant)  # a cancellation here leaks nothing
-        except SetupError as exc:
-            return self._record(Status.INVALID, f"task setup failed: {exc}")
-        except (SandboxError, OSError) as exc:
-            raise EpisodeLost(f"no sandbox: {type(exc).__name__}: {exc}") from exc
-        tally.sandbox_s += time.monotonic() - t0
+            lease: Lease | None = await self._open_leaf(task) if role is not None and not role.is_root else None
+            if lease is None:
+                t0 = time.monotonic()
+                try:
+                    lease = await host.acquire(task, variant)  # a cancellation here leaks nothing
+                except SetupError as exc:
+                    return self._record(Status.INVALID, f"task setup failed: {exc}")
+                except (SandboxError, OSError) as exc:
+                    raise EpisodeLost(f"no sandbox: {type(exc).__name__}: {exc}") from exc
+                tally.sandbox_s += time.monotonic() - t0
+            return await self._play_resuming(variant, harness, lease)
+        finally:
+            if role is not None and role.is_root and self.plan is not None:
+                host.trees.finish(role.root, self.plan.points, f"the root {role.root} ended before this point "
+                                  f"(after {len(tally.turns)} turns)")
+
+    async def _play_resuming(self, variant: Variant, harness: Harness, lease: Lease) -> Trajectory:
+        """``_play`` on ``lease``; a lost sandbox continues from the newest checkpoint in a new one when asked."""
+        host, req, task = self.host, self.req, self.task
+        current: Lease | None = lease
         try:
-            return await self._play(variant, harness, lease)
-        except (SandboxLost, SandboxTimeout) as exc:
-            raise EpisodeLost(f"{type(exc).__name__}: {exc}") from exc
+            while True:
+                assert current is not None  # noqa: S101 - set on every way into the loop
+                try:
+                    return await self._play(variant, harness, current)
+                except (SandboxLost, SandboxTimeout) as exc:
+                    why = f"{type(exc).__name__}: {exc}"
+                    cp = self.last
+                    if not req.resume_from_snapshots or cp is None or len(self.resumes) >= MAX_RESUMES:
+                        raise EpisodeLost(why) from exc
+                    await host.quiesce()
+                    dead, current = current, None
+                    await host.blocking(host.sandboxes.release, dead)
+                    t0 = time.monotonic()
+                    try:
+                        current = await host.restore(task, cp.ref)
+                    except (SandboxError, OSError) as exc2:
+                        raise EpisodeLost(f"{why}; resume from snapshot {cp.ref.id} failed: {exc2}") from exc2
+                    finally:
+                        self.tally.sandbox_s += time.monotonic() - t0
+                    self.resumes.append({"turn": cp.turn, "snapshot": cp.ref.id, "reason": why,
+                                         "turns_saved": len(cp.turns)})
+                    log.info("episode %s resumed after turn %d from snapshot %s (%s)", req.episode_id, cp.turn, cp.ref.id, why)
+                    self.start = cp
+                    # What the lost sandbox did after ``cp`` is gone: its later checkpoints and scores with it.
+                    self.checkpoints = {t: c for t, c in self.checkpoints.items() if t <= cp.turn}
+                    self.surprisal = {t: v for t, v in self.surprisal.items() if t <= cp.turn}
         finally:
             await host.quiesce()  # cancelled mid tool call: let the thread end before the reset inspects the sandbox
-            await host.blocking(host.sandboxes.release, lease)
+            if current is not None:
+                await host.blocking(host.sandboxes.release, current)
+
+    async def _open_leaf(self, task: Task) -> Lease | None:
+        """A leaf's sandbox at its point's snapshot (and ``self.start`` set), or None to run from scratch
+        because the point failed or its snapshot could not be restored (the reason is recorded)."""
+        host, req, role = self.host, self.req, self.role
+        assert role is not None and self.plan is not None  # noqa: S101 - only leaves come here
+        self.leaf = {"turn": None, "snapshot": None, "prefix_turns": 0, "prefix_tokens": 0, "failed": []}
+        got = await host.trees.wait(role.root, role.point, min(host.trees.wait_s, task.limits.wall_time_s + 60.0))
+        if isinstance(got, str):
+            self.leaf["failed"].append(got)
+            return None
+        if (got.harness, got.effort) != (req.harness, req.effort):
+            self.leaf["failed"].append(f"the root ran {got.harness}/{got.effort}, this leaf asks {req.harness}/{req.effort}")
+            return None
+        t0 = time.monotonic()
+        try:
+            lease = await host.restore(task, got.ref)
+        except (SandboxError, OSError) as exc:
+            self.leaf["failed"].append(f"restore of snapshot {got.ref.id} (turn {got.turn}) failed: {type(exc).__name__}: {exc}")
+            return None
+        finally:
+            self.tally.sandbox_s += time.monotonic() - t0
+        self.start = got
+        self.leaf.update(turn=got.turn, snapshot=got.ref.id, prefix_turns=len(got.turns), prefix_tokens=got.prefix_tokens)
+        return lease
 
     async def _play(self, variant: Variant, harness: Harness, lease: Lease) -> Trajectory:
         req, task, tally, host = self.req, self.task, self.tally, self.host
         sandbox, limits = lease.sandbox, task.limits
-        policy = self.base.for_episode(EpisodeContext(req, task, variant, harness, sandbox))
         sampling_base = self.sampling_base
-        prompt = harness.render(variant.instruction, req.effort if req.show_effort else None)
+        first = 0
+        cp, self.start = self.start, None
+        if cp is None:
+            self.policy = self.base.for_episode(EpisodeContext(req, task, variant, harness, sandbox))
+            prompt = harness.render(variant.instruction, req.effort if req.show_effort else None)
+            self.messages = [dict(m) for m in prompt.messages]
+            self.state = EpisodeState()
+            if host.tokenizer is not None:
+                tally.renderer = EpisodeRenderer(host.tokenizer, self.messages, tuple(dict(t) for t in prompt.tools))
+            self.deadline = time.monotonic() + limits.wall_time_s
+            tools: tuple[Mapping[str, Any], ...] = tuple(dict(t) for t in prompt.tools)
+        else:  # a continuation: the exact token prefix, harness state, messages and per-episode policy of ``cp``
+            tally.renderer, self.messages, self.state, self.policy = cp.take()
+            tally.turns, tally.tool_errors, tally.completion_tokens = list(cp.turns), cp.tool_errors, cp.completion_tokens
+            self.deadline = time.monotonic() + cp.remaining_s
+            tools = cp.tools
+            first = cp.turn + 1
+        self.tools = tools
+        policy, messages, state = self.policy, self.messages, self.state
         budget = ThinkingBudget(req.thinking_budget) if req.thinking_budget is not None else None
-        messages: list[Mapping[str, Any]] = [dict(m) for m in prompt.messages]
-        tools = tuple(dict(t) for t in prompt.tools)
-        if host.tokenizer is not None:
-            tally.renderer = EpisodeRenderer(host.tokenizer, messages, tools)
-        state = EpisodeState()
         executor = IntentExecutor(sandbox, default_timeout_s=limits.command_timeout_s, state=state)
-        deadline = time.monotonic() + limits.wall_time_s
         status: Status | None = None
         policy_failure = ""  # the policy's own error when it ended the episode (graded as truncated)
-        for index in range(limits.max_turns):
-            remaining = deadline - time.monotonic()
+        for index in range(first, limits.max_turns):
+            remaining = self.deadline - time.monotonic()
             budget_left = limits.max_tokens - tally.completion_tokens
             if remaining <= 0:
                 status = Status.TIMEOUT
@@ -131,7 +238,7 @@ class _Attempt:
                 status = Status.TRUNCATED
                 break
             if host.gate is not None:  # held between turns while the learner trains: not charged to the episode
-                deadline += await host.gate.wait()
+                self.deadline += await host.gate.wait()
             sampling = replace(sampling_base, max_new_tokens=min(sampling_base.max_new_tokens, budget_left))
             ask = Prompt(tuple(tally.renderer.prompt_ids()) if tally.renderer else (), tuple(messages), tools)
             t0 = time.monotonic()
@@ -139,7 +246,7 @@ class _Attempt:
                 gen = await asyncio.wait_for(policy.generate(ask, sampling, budget), timeout=remaining)
             except TimeoutError as exc:
                 tally.policy_s += time.monotonic() - t0
-                if time.monotonic() < deadline:  # the policy's own timeout (an HTTP call), not the episode's
+                if time.monotonic() < self.deadline:  # the policy's own timeout (an HTTP call), not the episode's
                     return self._record(Status.POLICY_ERROR, f"policy timed out: {exc}")
                 status = Status.TIMEOUT
                 break
@@ -157,12 +264,13 @@ class _Attempt:
                 return self._record(Status.POLICY_ERROR, why)
             policy_s = time.monotonic() - t0
             tally.policy_s += policy_s
+            self.surprisal[index] = _surprisal(gen)
             parsed = harness.parse({"role": "assistant", "content": gen.text, "tool_calls": list(gen.tool_calls)} if gen.tool_calls else gen.text)
             assistant = _assistant_message(parsed)
             messages.append(assistant)
             n_tokens = self._add_completion(gen, assistant)
             tally.completion_tokens += n_tokens
-            observations, turn_errors, n_calls, sandbox_s = await self._act(harness, parsed, executor, deadline, fixed=req.fixed_observations)
+            observations, turn_errors, n_calls, sandbox_s = await self._act(harness, parsed, executor, self.deadline, fixed=req.fixed_observations)
             tally.tool_errors += turn_errors
             tally.sandbox_s += sandbox_s
             tally.turns.append(Turn(index, gen.policy_version, policy_s, sandbox_s, len(ask.token_ids), n_tokens, n_calls, turn_errors))
@@ -172,9 +280,78 @@ class _Attempt:
             messages.extend(observations)
             if tally.renderer is not None:
                 tally.renderer.add_observations(observations)
+            await self._boundary(index, sandbox)
         if status is None:
-            status = Status.TIMEOUT if time.monotonic() >= deadline else Status.TRUNCATED
+            status = Status.TIMEOUT if time.monotonic() >= self.deadline else Status.TRUNCATED
+        self._close_points(status)
         return await self._grade(variant, sandbox, state, status, error=policy_failure)
+
+    # ------------------------------------------------------------ branch and resume
+
+    async def _boundary(self, turn: int, sandbox: Sandbox) -> None:
+        """At the boundary after ``turn``: checkpoint when a branch point or resuming asks for it, and resolve the
+        plan's points decided here. A snapshot that cannot be taken fails those points (recorded), never the
+        episode; a lost sandbox still raises (``_play_resuming`` handles it)."""
+        role, plan, host = self.role, self.plan, self.host
+        branching = role is not None and role.is_root and plan is not None and plan.checkpoint_at(turn)
+        if not (branching or self.req.resume_from_snapshots):
+            return
+        t0 = time.monotonic()
+        try:
+            ref = await host.blocking(sandbox.snapshot, SnapshotKind.FAST)
+        except (SandboxLost, SandboxTimeout):
+            raise
+        except (SandboxError, OSError) as exc:
+            if branching:
+                assert role is not None and plan is not None  # noqa: S101 - branching implies both
+                for p in plan.online(turn):
+                    host.trees.fail(role.root, p, f"snapshot after turn {turn} failed: {type(exc).__name__}: {exc}")
+            log.warning("episode %s: no snapshot after turn %d: %s", self.req.episode_id, turn, exc)
+            return
+        finally:
+            self.tally.sandbox_s += time.monotonic() - t0
+        renderer = self.tally.renderer
+        cp = Checkpoint(
+            turn=turn, ref=ref, harness=self.req.harness, effort=self.req.effort,
+            renderer=renderer.fork() if renderer is not None else None, messages=tuple(dict(m) for m in self.messages),
+            tools=self.tools, state=copy.deepcopy(self.state), policy=self.policy if self.policy is self.base else copy.copy(self.policy),
+            policy_is_base=self.policy is self.base,
+            turns=tuple(self.tally.turns), tool_errors=self.tally.tool_errors, completion_tokens=self.tally.completion_tokens,
+            remaining_s=max(self.deadline - time.monotonic(), 0.0), surprisal=self.surprisal.get(turn, 0.0),
+            prefix_tokens=sum(len(s.ids) for s in renderer.samples) if renderer is not None else 0,
+        )
+        if self.req.resume_from_snapshots:
+            self.last = cp
+        if branching:
+            assert role is not None and plan is not None  # noqa: S101 - branching implies both
+            self.checkpoints[turn] = cp
+            for p in plan.online(turn):
+                host.trees.resolve(role.root, p, cp)
+
+    def _close_points(self, status: Status) -> None:
+        """The root's loop ended: points decided at the end (entropy) are resolved, the rest fail."""
+        role, plan = self.role, self.plan
+        if role is None or not role.is_root or plan is None:
+            return
+        trees = self.host.trees
+        chosen = plan.at_end({t: self.surprisal.get(t, 0.0) for t in self.checkpoints}, trees.open_points(role.root, plan.points))
+        for p, t in chosen.items():
+            trees.resolve(role.root, p, self.checkpoints[t])
+        trees.finish(role.root, plan.points, f"the root ended ({status.value}) after {len(self.tally.turns)} turns, "
+                                             "before this point")
+
+    def _branch_record(self) -> dict[str, Any] | None:
+        role, plan = self.role, self.plan
+        if role is None or plan is None:
+            return None
+        record: dict[str, Any] = {"root": role.root, "leaves": leaves_per_root(plan)}
+        if role.is_root:
+            taken, failed = self.host.trees.summary(role.root)
+            return record | {"parent": None, "path": "", "turn": None, "snapshot": None, "prefix_turns": 0,
+                             "prefix_tokens": 0, "points": taken, "failed": failed}
+        leaf = self.leaf or {"turn": None, "snapshot": None, "prefix_turns": 0, "prefix_tokens": 0, "failed": []}
+        return record | {"parent": role.root, "path": self.req.episode_id[len(role.root) + 1:], "point": role.point,
+                         "points": [], **leaf}
 
     async def _act(
         self, harness: Harness, parsed: ParsedTurn, executor: IntentExecutor, deadline: float, *, fixed: bool = False
@@ -256,7 +433,20 @@ class _Attempt:
         return len(ids)
 
     def _record(self, status: Status, error: str, result: VerifierResult | None = None) -> Trajectory:
-        return record(self.req, self.task, status, error, self.tally, self.started, result, policy_version=int(self.base.version))
+        traj = record(self.req, self.task, status, error, self.tally, self.started, result, policy_version=int(self.base.version))
+        extra: dict[str, Any] = {}
+        branch = self._branch_record()
+        if branch is not None:
+            extra["branch"] = branch
+        if self.resumes:
+            extra["resumes"] = list(self.resumes)
+        return replace(traj, verifier={**dict(traj.verifier), **extra}) if extra else traj
+
+
+def _surprisal(gen: Generation) -> float:
+    """The mean ``-logprob`` of the turn's sampled tokens (0.0 without logprobs): an entropy estimate."""
+    values = [-lp for lp, m in zip(gen.logprobs, gen.loss_mask, strict=False) if m]
+    return sum(values) / len(values) if values else 0.0
 
 
 def record(

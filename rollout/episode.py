@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 from agentenv.registry import get_task
 from agentenv.types import Task, Variant
 from rollout.attempt import AttemptHost, EpisodeContext, EpisodeLost, EpisodeRequest, SamplingParams
+from rollout.branching import TreeRegistry, leaves_per_root
 from rollout.emulated_attempt import run_emulated_attempt
 from rollout.gate import TurnGate
 from rollout.harnesses import is_native_harness
@@ -47,7 +48,7 @@ from rollout.policy.types import Policy
 from rollout.pristine import Lease, PristineSandboxes
 from rollout.store import TrajectoryStore
 from rollout.types import Status, Timings, Trajectory
-from sandboxes.types import SandboxBackend
+from sandboxes.types import SandboxBackend, SnapshotRef
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -101,6 +102,7 @@ class EpisodeRunner:
         self.sandboxes = PristineSandboxes(backend, pool_size=pool_size)
         self._threads = ThreadPoolExecutor(max_workers=MAX_THREADS, thread_name_prefix="episode")
         self._tasks: dict[str, Task] = {}
+        self.trees = TreeRegistry()  # tree rollouts: the checkpoints roots publish and their leaves wait for
 
     async def run(self, req: EpisodeRequest) -> Trajectory:
         """Run ``req`` to a ``Trajectory`` (stored if the runner has a store). Never raises for a failed episode."""
@@ -164,6 +166,12 @@ class EpisodeRunner:
             from rollout.native_attempt import run_native_attempt
 
             attempt = run_native_attempt
+            if req.branch is not None:  # the program owns its loop: no turn boundary to fork at, nothing to wait for
+                why = "a native harness neither branches nor continues a branch: run whole"
+                if req.branch.is_root:
+                    self.trees.finish(req.branch.root, req.branch.plan().points, why)
+                traj = await attempt(self, req, self._task(req.task_id), self.policy_for(req), req.sampling or self.sampling, started)
+                return replace(traj, verifier={**dict(traj.verifier), **_branch_failed(req, why)})
         return await attempt(self, req, self._task(req.task_id), self.policy_for(req), req.sampling or self.sampling, started)
 
     # ------------------------------------------------------------ what attempts use (rollout.attempt.AttemptHost)
@@ -182,6 +190,11 @@ class EpisodeRunner:
         acquires gives the lease back when it arrives (``PristineSandboxes.acquire_from``): nothing leaks."""
         return await self.sandboxes.acquire_from(self._threads, task, variant)
 
+    async def restore(self, task: Task, ref: SnapshotRef) -> Lease:
+        """A sandbox at the FAST snapshot ``ref`` (a branch or a resume), from the runner's threads; a cancellation
+        while the thread still restores gives the lease back when it arrives, like ``acquire``."""
+        return await self.sandboxes.restore_from(self._threads, task, ref)
+
     async def quiesce(self) -> None:
         """Wait for the current attempt's calls still running in threads (shielded: also while it is cancelled)."""
         running = [f for f in (_IN_THREADS.get() or ()) if not f.done()]
@@ -195,7 +208,7 @@ class EpisodeRunner:
         return Trajectory(
             episode_id=req.episode_id, run_id=req.run_id, task_id=req.task_id, domain="", seed=req.seed,
             harness=req.harness, effort=req.effort or "", policy_version=self._version_of(req), status=status,
-            reward=0.0, error=error, verifier={"attempt": req.attempt, "group_id": req.group_id},
+            reward=0.0, error=error, verifier={"attempt": req.attempt, "group_id": req.group_id, **_branch_failed(req, error)},
             timings=Timings(total_s=time.monotonic() - started),
         )
 
@@ -213,3 +226,15 @@ class EpisodeRunner:
             return int(self.policy_for(req).version)
         except KeyError:
             return int(self.policy.version)
+
+
+def _branch_failed(req: EpisodeRequest, error: str) -> dict[str, Any]:
+    """A tree episode that no attempt recorded still says where in its tree it was, and why it failed."""
+    role = req.branch
+    if role is None:
+        return {}
+    return {"branch": {
+        "root": role.root, "parent": None if role.is_root else role.root,
+        "path": "" if role.is_root else req.episode_id[len(role.root) + 1:], "turn": None, "snapshot": None,
+        "prefix_turns": 0, "prefix_tokens": 0, "points": [], "failed": [error], "leaves": leaves_per_root(role.plan()),
+    }}

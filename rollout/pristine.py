@@ -129,10 +129,28 @@ class PristineSandboxes:
             self._returned(pool)
             raise
 
+    def restore(self, task: Task, ref: SnapshotRef) -> Lease:
+        """A warm sandbox of ``task``'s pool with the FAST snapshot ``ref`` (an episode's turn boundary) applied:
+        one continuation of a branched or resumed episode. Raises what the backend raises."""
+        pool = self._pool(self.spec(task))
+        try:
+            sandbox = pool.restore(ref, timeout=ACQUIRE_TIMEOUT_S)
+        except BaseException:
+            self._returned(pool)
+            raise
+        self.stats["restores"] += 1
+        return Lease(sandbox, pool, fresh_setup=False)
+
     async def acquire_from(self, executor: concurrent.futures.Executor, task: Task, variant: Variant) -> Lease:
         """``acquire`` on one of ``executor``'s threads, awaited. Cancelled while the thread still acquires,
         it re-raises the cancellation and releases the lease the thread delivers later (never leaked)."""
-        future = executor.submit(self.acquire, task, variant)
+        return await self._lease_from(executor.submit(self.acquire, task, variant))
+
+    async def restore_from(self, executor: concurrent.futures.Executor, task: Task, ref: SnapshotRef) -> Lease:
+        """``restore`` on one of ``executor``'s threads, awaited; a cancellation leaks nothing (``acquire_from``)."""
+        return await self._lease_from(executor.submit(self.restore, task, ref))
+
+    async def _lease_from(self, future: concurrent.futures.Future[Lease]) -> Lease:
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:

@@ -73,6 +73,9 @@ class WorkerClient(Protocol):
 
 def plan_episodes(cfg: RolloutConfig, task_ids: Sequence[str]) -> list[EpisodeRequest]:
     """Every episode of the run, in group order: ``G`` per (task, seed), draws per episode index."""
+    if cfg.branching.on:
+        raise ConfigError("branching: tree rollouts run in a training run's in-process runner only; a rollout job's "
+                          "Ray workers would split a root from its leaves (set branching.kind: off)")
     plan: list[EpisodeRequest] = []
     for task_id in task_ids:
         for seed in cfg.seeds:
@@ -88,6 +91,7 @@ def plan_episodes(cfg: RolloutConfig, task_ids: Sequence[str]) -> list[EpisodeRe
                         harness=cfg.rotation.pick(i),
                         effort=cfg.efforts.pick(i),
                         group_id=group_id,
+                        resume_from_snapshots=cfg.resume_from_snapshots,
                     )
                 )
     return plan

@@ -29,6 +29,7 @@ Nothing is silently re-tokenized inside a sample.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -152,6 +153,16 @@ class EpisodeRenderer:
         else:
             self.breaks += 1
             self._new_sample(next_text)
+
+    def fork(self) -> EpisodeRenderer:
+        """An independent copy at this exact point (same tokens, history and counters; the tokenizer shared):
+        what a branched or resumed episode continues from (``rollout.branching``)."""
+        twin = copy.copy(self)
+        twin.history = copy.deepcopy(self.history)
+        twin.samples = [TokenSample(list(s.ids), list(s.mask), list(s.logprobs), s.prompt_len) for s in self.samples]
+        twin.tools = copy.deepcopy(self.tools)
+        twin.kwargs = dict(self.kwargs)
+        return twin
 
     @property
     def sampled_tokens(self) -> int:
