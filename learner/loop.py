@@ -59,13 +59,14 @@ import hashlib
 import random
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from learner.advantages import items_from_groups
+from learner.tree import tree_items
 from learner.checkpoint import EngineState, RunCheckpoints, config_hash
 from learner.effort import request_fields, shaping_from
 from learner.metrics import passed, trajectory_splits
@@ -73,7 +74,7 @@ from learner.model import PolicyModel
 from learner.sft import batches, sft_items, sft_step
 from learner.train_config import TrainConfig
 from learner.trainer import Trainer, lr_factor
-from learner.types import TrainItem
+from learner.types import AdvantageConfig, TrainItem
 from rollout.episode import EpisodeRequest
 from rollout.errors import StalenessError
 from rollout.harnesses.parsing import CALL_CLOSE
@@ -602,8 +603,8 @@ class TrainLoop:
             groups[t.verifier.get("group_id", "")].append(t)
         extra: dict[str, float] = {}
         if self.advantages is None:
-            items = items_from_groups([tuple(g) for g in groups.values() if len(g) >= 2], cfg.advantage,
-                                          **(self.effort.kwargs() if self.effort is not None else {}))
+            items = advantage_items(cfg.advantage)([tuple(g) for g in groups.values() if len(g) >= 2], cfg.advantage,
+                                                   **(self.effort.kwargs() if self.effort is not None else {}))
         else:
             items, extra = await asyncio.to_thread(self.advantages, [tuple(g) for g in groups.values()], self.model)
         # A sample longer than one micro-batch (a model looping to the turn limit) is not trained on, and counted.
@@ -732,3 +733,8 @@ def _nonzero(advantage: float | tuple[float, ...]) -> bool:
 
 def _fmt(d: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {v:.2f}" for k, v in d.items()) + "}"
+
+
+def advantage_items(cfg: AdvantageConfig) -> Callable[..., list[TrainItem]]:
+    """The outcome-RL item builder ``rl.advantage`` names: tree advantages (``rl.advantage.tree``) or per-group."""
+    return tree_items if cfg.tree else items_from_groups
