@@ -16,7 +16,7 @@ from learner.model import PolicyModel
 from learner.train_config import TrainConfig
 from learner.trainer import Trainer
 from learner.tree import build_trie, pack_shared, tree_advantages, tree_attention_mask, tree_items
-from learner.types import AdvantageConfig, LossConfig, TrainerConfig, TreeSegment
+from learner.types import AdvantageConfig, AdvantageEstimator, LossConfig, TrainerConfig, TreeSegment
 from rollout.types import Sample, Status, Trajectory
 
 pytestmark = pytest.mark.unit
@@ -51,7 +51,7 @@ def test_tree_advantages_hand_case() -> None:
     # dr_grpo (scale 1): mu = 0.75, V(A) = 1, V(B) = 0.5. The prompt is the trunk: 0. A, B hang off the trunk:
     # global only, +-0.25. Leaves: global r - 0.75 plus local r - mean(siblings): a 0.25 + 0, b1 0.25 + 0.5,
     # b2 -0.75 - 0.5.
-    items = tree_items([_hand_tree()], AdvantageConfig(estimator="dr_grpo"))
+    items = tree_items([_hand_tree()], AdvantageConfig(estimator=AdvantageEstimator.DR_GRPO))
     assert [it.advantage for it in items] == [
         (0.0, 0.0, 0.25, 0.25, 0.25), (0.0, 0.0, 0.25, 0.25, 0.25),
         (0.0, 0.0, -0.25, -0.25, 0.75), (0.0, 0.0, -0.25, -0.25, -1.25),
@@ -79,7 +79,7 @@ def test_a_group_without_branching_is_grpo() -> None:
 
 def test_tree_advantages_refuse_other_estimators() -> None:
     with pytest.raises(LearnerConfigError, match="rl.advantage.estimator"):
-        tree_advantages([TreeSegment(-1, 0, 1, (0, 1))], [0, 1], [1.0, 0.0], AdvantageConfig(estimator="rloo"))
+        tree_advantages([TreeSegment(-1, 0, 1, (0, 1))], [0, 1], [1.0, 0.0], AdvantageConfig(estimator=AdvantageEstimator.RLOO))
 
 
 def test_tree_attention_mask_sees_only_its_own_path() -> None:
@@ -98,7 +98,7 @@ def test_tree_attention_mask_sees_only_its_own_path() -> None:
 
 
 def test_pack_shared_layout_positions_and_predecessors() -> None:
-    items = tree_items([_hand_tree()], AdvantageConfig(estimator="dr_grpo"))
+    items = tree_items([_hand_tree()], AdvantageConfig(estimator=AdvantageEstimator.DR_GRPO))
     plan = pack_shared(items, max_tokens=64)
     assert plan.fallback_groups == 0 and not plan.plain
     (sb,) = plan.batches
