@@ -66,7 +66,7 @@ def branched_group(
 
 def run_bench(
     *, trees: int = 4, leaves: int = 4, prompt: int = 256, prefix: int = 768, suffix: int = 128, hidden: int = 128,
-    layers: int = 2, repeats: int = 3, threads: int = 2,
+    layers: int = 2, repeats: int = 3, threads: int = 2, micro_batch_tokens: int = 4096,
 ) -> dict[str, Any]:
     torch.set_num_threads(threads)
     config = tiny_config(build_tokenizer(), hidden_size=hidden, num_layers=layers, init_std=0.02)
@@ -74,11 +74,10 @@ def run_bench(
     groups = [branched_group(f"tree{i}", vocab, leaves=leaves, prompt=prompt, prefix=prefix, suffix=suffix, seed=i)
               for i in range(trees)]
     items = tree_items(groups, AdvantageConfig())
-    longest = sum(len(it) for it in items)  # one micro-batch holds a whole step on both sides
     model = PolicyModel.from_config(config, seed=0, attn_implementation="sdpa")
     sides = {"unshared": False, "prefix-shared": True}
     trainers = {name: Trainer(copy.deepcopy(model), LossConfig.dapo(),
-                              TrainerConfig(lr=1e-4, micro_batch_tokens=longest, logprobs_at_loss_tokens=True,
+                              TrainerConfig(lr=1e-4, micro_batch_tokens=micro_batch_tokens, logprobs_at_loss_tokens=True,
                                             prefix_sharing=shared))
                 for name, shared in sides.items()}
     times: dict[str, list[float]] = {name: [] for name in sides}
@@ -101,7 +100,8 @@ def run_bench(
     return {
         "trees": trees, "leaves": leaves, "prompt_tokens": prompt, "prefix_tokens": prefix, "suffix_tokens": suffix,
         "hidden": hidden, "layers": layers, "vocab": vocab, "repeats": repeats, "threads": threads,
-        "forward_tokens": forward, "step_s": med, "loss": {name: m.loss for name, m in metrics.items()},
+        "micro_batch_tokens": micro_batch_tokens,
+        "micro_batches": {name: m.num_micro_batches for name, m in metrics.items()}, "forward_tokens": forward, "step_s": med, "loss": {name: m.loss for name, m in metrics.items()},
         "fallback_groups": {name: m.shared_fallback_groups for name, m in metrics.items()},
         "token_ratio": forward["prefix-shared"] / forward["unshared"],
         "time_ratio": med["prefix-shared"] / med["unshared"],
@@ -120,23 +120,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--micro-batch-tokens", type=int, default=4096,
+                   help="both sides' TrainerConfig.micro_batch_tokens (a tree longer than this is trained unshared)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     res = run_bench(trees=args.trees, leaves=args.leaves, prompt=args.prompt, prefix=args.prefix,
                     suffix=args.suffix, hidden=args.hidden, layers=args.layers, repeats=args.repeats,
-                    threads=args.threads)
+                    threads=args.threads, micro_batch_tokens=args.micro_batch_tokens)
     table = Table(title=f"learner step on {res['trees']} trees x {res['leaves']} leaves "
                         f"({res['prompt_tokens']} prompt + {res['prefix_tokens']} shared + {res['suffix_tokens']} own "
                         f"tokens), hidden {res['hidden']} x {res['layers']}, CPU")
-    for col in ("side", "tokens forwarded", "step s (median)", "loss", "vs unshared (tokens)", "vs unshared (time)"):
+    for col in ("side", "tokens forwarded", "micro-batches", "step s (median)", "loss", "vs unshared (tokens)",
+                "vs unshared (time)"):
         table.add_column(col, justify="left" if col == "side" else "right")
     for name in ("unshared", "prefix-shared"):
-        table.add_row(name, f"{res['forward_tokens'][name]:,}", f"{res['step_s'][name]:.3f}", f"{res['loss'][name]:.6f}",
+        table.add_row(name, f"{res['forward_tokens'][name]:,}", str(res["micro_batches"][name]),
+                      f"{res['step_s'][name]:.3f}", f"{res['loss'][name]:.6f}",
                       f"{res['forward_tokens'][name] / res['forward_tokens']['unshared']:.2f}x",
                       f"{res['step_s'][name] / res['step_s']['unshared']:.2f}x")
     console = Console()
     console.print(table)
-    console.print(f"max |grad difference|: {res['max_grad_diff']:.2e} (largest |grad| {res['grad_scale']:.2e})")
+    console.print(f"max |grad difference|: {res['max_grad_diff']:.2e} (largest |grad| {res['grad_scale']:.2e}); "
+                  f"groups trained unshared by the shared side: {res['fallback_groups']['prefix-shared']}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(res, indent=2))

@@ -24,6 +24,7 @@ def test_bench_tree_packing_small(tmp_path: Path) -> None:
     assert res["token_ratio"] == pytest.approx(res["forward_tokens"]["prefix-shared"] / res["forward_tokens"]["unshared"])
     assert res["time_ratio"] == pytest.approx(res["step_s"]["prefix-shared"] / res["step_s"]["unshared"])
     assert res["fallback_groups"] == {"unshared": 0, "prefix-shared": 0}
+    assert res["micro_batches"] == {"unshared": 1, "prefix-shared": 1}
     assert res["loss"]["prefix-shared"] == pytest.approx(res["loss"]["unshared"], abs=1e-6)
     assert res["grad_scale"] > 0 and res["max_grad_diff"] < 1e-6
 
