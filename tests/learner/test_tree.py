@@ -184,3 +184,28 @@ def test_config_defaults_leave_runs_unchanged_and_the_loop_switch_reads_them() -
 
     assert loop.advantage_items(on.rl.advantage) is tree_items
     assert loop.advantage_items(cfg.rl.advantage) is items_from_groups
+
+
+def test_plain_groups_share_their_prompt_exactly_with_a_kl_reference(tiny_config: Qwen2Config,
+                                                                      vocab_size: int) -> None:
+    # per-group GRPO items: a scalar advantage per leaf, so sharing stops at the first loss token (the prompt)
+    items = items_from_groups(_branched_groups(vocab_size, prefix=30, suffix=5, seed=4), AdvantageConfig())
+    loss_cfg = LossConfig.dapo(kl_coef=0.1)
+    metrics, grads = {}, {}
+    for shared in (False, True):
+        model = PolicyModel.from_config(tiny_config, seed=0)
+        trainer = Trainer(model, loss_cfg, TrainerConfig(lr=1e-3, micro_batch_tokens=512, prefix_sharing=shared),
+                          ref_model=PolicyModel.from_config(tiny_config, seed=1))
+        metrics[shared] = trainer.step(items)
+        grads[shared] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert metrics[True].forward_tokens < metrics[False].forward_tokens  # the tree group's 4-token prompt, thrice
+    assert metrics[True].kl == pytest.approx(metrics[False].kl, abs=1e-7) and metrics[False].kl > 0
+    assert metrics[True].loss == pytest.approx(metrics[False].loss, abs=1e-6)
+    assert max(float((grads[True][n] - grads[False][n]).abs().max()) for n in grads[False]) < 1e-6
+
+
+def test_the_sharded_trainer_refuses_prefix_sharing(tiny_model: PolicyModel) -> None:
+    from learner.sharded_trainer import ShardedTrainer
+
+    with pytest.raises(LearnerConfigError, match="trainer.prefix_sharing"):
+        ShardedTrainer(tiny_model, LossConfig.dapo(), TrainerConfig(prefix_sharing=True))
