@@ -66,7 +66,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from learner.advantages import items_from_groups
-from learner.tree import tree_items
 from learner.checkpoint import EngineState, RunCheckpoints, config_hash
 from learner.effort import request_fields, shaping_from
 from learner.metrics import passed, trajectory_splits
@@ -74,6 +73,7 @@ from learner.model import PolicyModel
 from learner.sft import batches, sft_items, sft_step
 from learner.train_config import TrainConfig
 from learner.trainer import Trainer, lr_factor
+from learner.tree import tree_items
 from learner.types import AdvantageConfig, TrainItem
 from rollout.episode import EpisodeRequest
 from rollout.errors import StalenessError
