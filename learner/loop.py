@@ -60,7 +60,7 @@ import hashlib
 import random
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -74,7 +74,8 @@ from learner.model import PolicyModel
 from learner.sft import batches, sft_items, sft_step
 from learner.train_config import TrainConfig
 from learner.trainer import Trainer, lr_factor
-from learner.types import TrainItem
+from learner.tree import tree_items
+from learner.types import AdvantageConfig, TrainItem
 from rollout.branching import branch_requests, tree_costs
 from rollout.episode import EpisodeRequest
 from rollout.errors import StalenessError
@@ -628,8 +629,8 @@ class TrainLoop:
             groups[t.verifier.get("group_id", "")].append(t)
         extra: dict[str, float] = {}
         if self.advantages is None:
-            items = items_from_groups([tuple(g) for g in groups.values() if len(g) >= 2], cfg.advantage,
-                                          **(self.effort.kwargs() if self.effort is not None else {}))
+            items = advantage_items(cfg.advantage)([tuple(g) for g in groups.values() if len(g) >= 2], cfg.advantage,
+                                                   **(self.effort.kwargs() if self.effort is not None else {}))
         else:
             items, extra = await asyncio.to_thread(self.advantages, [tuple(g) for g in groups.values()], self.model)
         # A sample longer than one micro-batch (a model looping to the turn limit) is not trained on, and counted.
@@ -758,3 +759,8 @@ def _nonzero(advantage: float | tuple[float, ...]) -> bool:
 
 def _fmt(d: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {v:.2f}" for k, v in d.items()) + "}"
+
+
+def advantage_items(cfg: AdvantageConfig) -> Callable[..., list[TrainItem]]:
+    """The outcome-RL item builder ``rl.advantage`` names: tree advantages (``rl.advantage.tree``) or per-group."""
+    return tree_items if cfg.tree else items_from_groups

@@ -90,6 +90,8 @@ def policy_loss(
     ref_logp_BT: torch.Tensor | None = None,
     num_tokens: int | None = None,
     num_seqs: int | None = None,
+    coef_BT: torch.Tensor | None = None,
+    count_BT: torch.Tensor | None = None,
 ) -> LossOutput:
     """The policy-gradient loss of one (micro-)batch; formulas in the module docstring.
 
@@ -100,6 +102,10 @@ def policy_loss(
     (loss tokens / samples with at least one loss token), so that micro-batch
     losses add up to the loss of the whole batch under gradient accumulation;
     ``None`` = this batch's own counts.
+    ``coef_BT`` / ``count_BT`` (prefix-shared batches, ``learner.tree``): each
+    token's aggregation coefficient, already summed over the sequences that
+    share it (replaces the aggregation), and how many sequences share it (the
+    statistics count it that many times). Not with GSPO (its ratio is per sequence).
     """
     mask_BT = mask_BT.to(logp_BT.dtype)
     on_BT = mask_BT > 0
@@ -140,7 +146,12 @@ def policy_loss(
 
     n_tok = float(mask_BT.sum()) if num_tokens is None else float(num_tokens)
     n_seq = float((tokens_S > 0).sum()) if num_seqs is None else float(num_seqs)
-    if cfg.aggregation is Aggregation.TOKEN_MEAN:
+    if coef_BT is not None:
+        if cfg.variant is LossVariant.GSPO:
+            raise LearnerConfigError("policy_loss: coef_BT: prefix-shared tokens (trainer.prefix_sharing) need a "
+                                     "per-token ratio; loss.variant gspo's is per sequence")
+        coef_BT = mask_BT * coef_BT
+    elif cfg.aggregation is Aggregation.TOKEN_MEAN:
         coef_BT = mask_BT / max(n_tok, 1.0)
     elif cfg.aggregation is Aggregation.SEQ_MEAN_TOKEN_MEAN:
         coef_BT = mask_BT / (tokens_S.clamp(min=1.0)[seg0_BT] * max(n_seq, 1.0))
@@ -150,6 +161,17 @@ def policy_loss(
     loss = (loss_tok_BT * coef_BT).sum()
 
     with torch.no_grad():
+        if count_BT is not None:  # a shared token stands for count_BT tokens of the unshared batch
+            cnt_BT = mask_BT * count_BT
+            w_on_N = (w_BT * cnt_BT)[on_BT]
+            return LossOutput(
+                loss=loss, num_tokens=int(cnt_BT.sum()), clipped_sum=float((clipped_BT * cnt_BT).sum()),
+                is_weight_sum=float(w_on_N.sum()),
+                is_weight_min=float(w_BT[on_BT].min()) if w_on_N.numel() else 1.0,
+                is_weight_max=float(w_BT[on_BT].max()) if w_on_N.numel() else 1.0,
+                is_masked_sum=float((flagged_BT * cnt_BT).sum()), kl_sum=float((kl_BT * cnt_BT).sum()),
+                pg_loss_sum=float((pg_BT * cnt_BT).sum()),
+            )
         w_on_N = w_BT[on_BT]
         return LossOutput(
             loss=loss,

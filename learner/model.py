@@ -520,6 +520,54 @@ class PolicyModel(torch.nn.Module):
             ent_BT = ent_BT.masked_fill(first_BT, 0.0)
         return logp_BT, ent_BT
 
+    def logprobs_at(
+        self,
+        input_ids_BT: torch.Tensor,
+        position_ids_BT: torch.Tensor,
+        pred_BT: torch.Tensor,
+        allowed_BTT: torch.Tensor,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        only_BT: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token fp32 logprobs under a custom attention pattern (prefix-shared trees, ``learner.tree``).
+
+        ``allowed_BTT`` (bool): query ``i`` sees key ``j``; ``position_ids_BT``
+        are given as they are (a tree's branches continue their parent's
+        positions); token ``t`` is predicted from the hidden state at
+        ``pred_BT[t]`` (its path's previous token, not the row's), 0 where
+        ``pred_BT < 0``. ``only_BT``: as in ``logprobs``. The mask goes to the
+        model as a 4D mask, which ``transformers`` passes through untouched to
+        sdpa (bool) and eager (additive) attention; packed-varlen and flash
+        kernels take no such mask, so they are refused.
+        """
+        impl = getattr(self.lm.config, "_attn_implementation", None)
+        if impl not in ("sdpa", "eager"):
+            raise UnsupportedModel(f"PolicyModel.logprobs_at: trainer.prefix_sharing needs sdpa or eager attention "
+                                   f"(a tree-shaped 4D mask), the model runs {impl!r}; load it with "
+                                   "attn_implementation='sdpa' or turn prefix_sharing off")
+        if allowed_BTT.shape != (*input_ids_BT.shape, input_ids_BT.shape[-1]):
+            raise LearnerConfigError(f"PolicyModel.logprobs_at: allowed_BTT: expected shape "
+                                     f"{(*input_ids_BT.shape, input_ids_BT.shape[-1])}, got {tuple(allowed_BTT.shape)}")
+        allowed_B1TT = allowed_BTT[:, None]
+        if impl == "sdpa":
+            mask: torch.Tensor = allowed_B1TT
+        else:
+            dtype = next(self.lm.parameters()).dtype
+            mask = torch.zeros(allowed_B1TT.shape, dtype=dtype, device=allowed_B1TT.device)
+            mask = mask.masked_fill(~allowed_B1TT, torch.finfo(dtype).min)
+        hidden_BTd = self.hidden_states(input_ids_BT, position_ids_BT, mask)
+        sel_BT = pred_BT >= 0
+        if only_BT is not None:
+            sel_BT = sel_BT & only_BT
+        b_N, t_N = sel_BT.nonzero(as_tuple=True)
+        logits_NV = hidden_BTd[b_N, pred_BT[b_N, t_N]] @ self._lm_head_weight().T
+        logp_N, _, ent_N = _chunk_stats(logits_NV, input_ids_BT[b_N, t_N], temperature, with_entropy)
+        logp_BT = torch.zeros(sel_BT.shape, dtype=torch.float32, device=hidden_BTd.device).index_put((b_N, t_N), logp_N)
+        ent_BT = torch.zeros_like(logp_BT).index_put((b_N, t_N), ent_N.detach()) if with_entropy else None
+        return logp_BT, ent_BT
+
     def save(self, path: str | os.PathLike[str]) -> Path:
         """``save_pretrained`` layout (safetensors), loadable by ``from_pretrained`` and by inference servers."""
         out = Path(path)

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from learner.distributed import (
     clip_grad_norm, full_grads, full_state_dict, local_optimizer_step, reshards_after_forward,
 )
-from learner.errors import CheckpointNotFound, DistributedError
+from learner.errors import CheckpointNotFound, DistributedError, LearnerConfigError
 from learner.model import PolicyModel
 from learner.publish import WeightPublisher
 from learner.trainer import CONFIG_FILE, STATE_FILE, Trainer, TrainerState, rng_state, set_rng_state
@@ -64,6 +64,9 @@ class ShardedTrainer(Trainer):
         publisher: WeightPublisher | None = None, publishes: bool = False, ref_model: PolicyModel | None = None,
         local_optimizer: bool = True, keep_gathered: bool | None = None,
     ) -> None:
+        if cfg is not None and cfg.prefix_sharing:
+            raise LearnerConfigError("trainer.prefix_sharing: the sharded learner (trainer.world_size) does not share "
+                                     "prefixes yet; turn prefix_sharing off or use the single-process Trainer")
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.local_optimizer = local_optimizer

@@ -44,7 +44,10 @@ from learner.metrics import trajectory_splits
 from learner.model import PolicyModel
 from learner.packing import pack
 from learner.publish import WeightPublisher
-from learner.types import LossConfig, StepMetrics, TrainBatch, TrainerConfig, TrainItem
+from learner.tree import pack_shared
+from learner.types import (
+    Aggregation, LossConfig, LossVariant, SharedBatch, StepMetrics, TrainBatch, TrainerConfig, TrainItem,
+)
 from rollout.types import Trajectory
 
 __all__ = ["CONFIG_FILE", "STATE_FILE", "Trainer", "TrainerState", "lr_factor", "make_deterministic", "rng_state", "set_rng_state"]
@@ -150,6 +153,9 @@ class Trainer:
         self.ref_model = ref_model
         self.state = TrainerState()
         self.device = model.device
+        if self.cfg.prefix_sharing and loss_cfg.variant is LossVariant.GSPO:
+            raise LearnerConfigError("trainer.prefix_sharing: loss.variant gspo's ratio is per sequence, so a shared "
+                                     "token cannot stand for its copies; use clip or cispo, or turn prefix_sharing off")
         if self.cfg.deterministic:
             make_deterministic()
         self.bf16 = self.cfg.bf16 if self.cfg.bf16 is not None else self.device.type == "cuda"
@@ -216,8 +222,10 @@ class Trainer:
         if n_tok == 0:
             raise EmptyBatch(f"Trainer.step: items: the {len(items)} items have no loss tokens (all masked)")
         t_start = self._sync()
-        micro = pack(items, self.cfg.micro_batch_tokens, pad_to_multiple=self.cfg.pad_to_multiple,
-                     rows=self.cfg.rows_per_micro_batch)
+        plan = pack_shared(items, self.cfg.micro_batch_tokens) if self.cfg.prefix_sharing else None
+        plain = plan.plain if plan is not None else items
+        micro = pack(plain, self.cfg.micro_batch_tokens, pad_to_multiple=self.cfg.pad_to_multiple,
+                     rows=self.cfg.rows_per_micro_batch) if plain else []
         t_packed = time.perf_counter()
 
         self.model.train()
@@ -253,6 +261,8 @@ class Trainer:
             assert ent_BT is not None  # noqa: S101 - asked for with_entropy
             acc["ent"] += float((ent_BT * mb.loss_mask_BT).sum())
             w_min, w_max = min(w_min, out.is_weight_min), max(w_max, out.is_weight_max)
+        for sb in plan.batches if plan is not None else ():
+            w_min, w_max = self._shared_micro_batch(sb.to(self.device), n_tok, n_seq, acc, w_min, w_max)
         acc, w_min, w_max = self._reduce_stats(acc, w_min, w_max)
         t_backward = self._sync()
 
@@ -275,11 +285,57 @@ class Trainer:
             clip_frac=acc["clip"] / n_tok, is_weight_mean=acc["w"] / n_tok, is_weight_min=w_min,
             is_weight_max=w_max, is_masked_frac=acc["masked"] / n_tok, entropy=acc["ent"] / n_tok,
             grad_norm=grad_norm, lr=lr, num_samples=len(items), num_tokens=sum(lengths),
-            num_loss_tokens=n_tok, num_micro_batches=len(micro), seq_len_mean=sum(lengths) / len(lengths),
+            num_loss_tokens=n_tok, num_micro_batches=len(micro) + (len(plan.batches) if plan is not None else 0),
+            seq_len_mean=sum(lengths) / len(lengths),
             seq_len_max=max(lengths), response_len_mean=n_tok / len(items),
             pack_s=t_packed - t_start, forward_backward_s=t_backward - t_packed, optimizer_s=t_end - t_backward,
             total_s=t_end - t_start, splits=trajectory_splits(trajectories) if trajectories else {},
+            forward_tokens=plan.forward_tokens if plan is not None else sum(lengths),
+            shared_fallback_groups=plan.fallback_groups if plan is not None else 0,
         )
+
+    def _shared_micro_batch(
+        self, sb: SharedBatch, n_tok: int, n_seq: int, acc: dict[str, float], w_min: float, w_max: float,
+    ) -> tuple[float, float]:
+        """Forward + backward of one prefix-shared micro-batch; each shared token weighted as all its copies."""
+        only_BT = sb.loss_mask_BT.bool() if self.cfg.logprobs_at_loss_tokens else None
+        with self._autocast():
+            logp_BT, ent_BT = self.model.logprobs_at(
+                sb.input_ids_BT, sb.position_ids_BT, sb.pred_BT, sb.allowed_BTT,
+                temperature=self.loss_cfg.temperature, with_entropy=True, only_BT=only_BT,
+            )
+        ref_BT = sb.ref_logp_BT
+        if self.loss_cfg.kl_coef > 0 and ref_BT is None:
+            if self.ref_model is None:
+                raise LearnerConfigError(f"Trainer: ref_model: LossConfig.kl_coef={self.loss_cfg.kl_coef} > 0 needs "
+                                         "ref_logprobs on the items or a ref_model, got neither")
+            self.ref_model.eval()
+            with torch.no_grad(), self._autocast():
+                ref_BT, _ = self.ref_model.logprobs_at(sb.input_ids_BT, sb.position_ids_BT, sb.pred_BT,
+                                                       sb.allowed_BTT, temperature=self.loss_cfg.temperature,
+                                                       only_BT=only_BT)
+        agg = self.loss_cfg.aggregation
+        if agg is Aggregation.TOKEN_MEAN:
+            coef_BT = sb.count_BT / max(n_tok, 1)
+        elif agg is Aggregation.SEQ_MEAN_TOKEN_MEAN:
+            coef_BT = sb.inv_len_BT / max(n_seq, 1)
+        else:
+            assert self.loss_cfg.norm_length is not None  # noqa: S101 - LossConfig validates it
+            coef_BT = sb.count_BT / (max(n_seq, 1) * self.loss_cfg.norm_length)
+        out = policy_loss(
+            logp_BT, sb.rollout_logp_BT, sb.adv_BT, sb.loss_mask_BT, torch.zeros_like(sb.input_ids_BT), self.loss_cfg,
+            ref_logp_BT=ref_BT, num_tokens=n_tok, num_seqs=n_seq, coef_BT=coef_BT, count_BT=sb.count_BT,
+        )
+        self._backward(out.loss, 0, 1, True)
+        acc["loss"] += float(out.loss.detach())
+        acc["pg"] += out.pg_loss_sum
+        acc["kl"] += out.kl_sum
+        acc["clip"] += out.clipped_sum
+        acc["w"] += out.is_weight_sum
+        acc["masked"] += out.is_masked_sum
+        assert ent_BT is not None  # noqa: S101 - asked for with_entropy
+        acc["ent"] += float((ent_BT * sb.loss_mask_BT * sb.count_BT).sum())
+        return min(w_min, out.is_weight_min), max(w_max, out.is_weight_max)
 
     @torch.no_grad()
     def _ref_logprobs(

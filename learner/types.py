@@ -39,10 +39,12 @@ __all__ = [
     "LossConfig",
     "LossOutput",
     "LossVariant",
+    "SharedBatch",
     "StepMetrics",
     "TrainBatch",
     "TrainItem",
     "TrainerConfig",
+    "TreeSegment",
 ]
 
 
@@ -205,6 +207,9 @@ class TrainerConfig(BaseModel):
     logprob_chunk_tokens: int | None = Field(default=None, ge=1)
     logprob_keep_logits: bool = False
     logprobs_at_loss_tokens: bool = False
+    prefix_sharing: bool = Field(
+        default=False, description="forward a group's shared token prefix once (learner.tree.pack_shared, a tree "
+        "attention mask; sdpa / eager attention, single-process Trainer only); exact against the unshared step")
     compile_layers: bool = False
     fused_optimizer: bool = False
     deterministic: bool = Field(
@@ -257,6 +262,8 @@ class AdvantageConfig(BaseModel):
     overlong_max_len: int | None = Field(default=None, ge=1)
     overlong_cache_len: int = Field(default=0, ge=0)
     dynamic_sampling: bool = False
+    tree: bool = Field(default=False, description="tree-structured advantages (learner.tree.tree_items): a segment "
+                       "shared by branched episodes is compared with its siblings, not once per leaf")
 
     @model_validator(mode="after")
     def _check(self) -> AdvantageConfig:
@@ -350,6 +357,58 @@ class TrainBatch:
 
 
 @dataclass(frozen=True)
+class TreeSegment:
+    """One edge of a group's token trie (``learner.tree.build_trie``): positions ``[start, end)`` that the
+    sequences ``members`` (indices into the group) share exactly; ``parent`` is the segment before it (-1: none)."""
+
+    parent: int
+    start: int
+    end: int
+    members: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SharedBatch:
+    """One micro-batch of prefix-shared trees (``learner.tree.pack_shared``): ``B = 1`` row of ``T`` tokens.
+
+    Each tree's segments go in once, parents before children. ``pred_BT``
+    is the row index of the token that predicts each token (its path's
+    previous token; -1 for a sequence's first token and padding).
+    ``allowed_BTT[b, i, j]``: token ``i`` attends to ``j`` (``j`` on ``i``'s
+    own path, at or before it). ``count_BT``: how many of ``items`` contain
+    the token (its weight under token-mean and constant aggregation);
+    ``inv_len_BT``: the sum of ``1 / num_loss_tokens`` over them (seq-mean-token-mean).
+    """
+
+    input_ids_BT: torch.Tensor  # int64
+    position_ids_BT: torch.Tensor  # int64, the token's index in its own sequence
+    pred_BT: torch.Tensor  # int64, -1 = no prediction
+    allowed_BTT: torch.Tensor  # bool
+    loss_mask_BT: torch.Tensor  # float32 0/1
+    rollout_logp_BT: torch.Tensor  # float32
+    adv_BT: torch.Tensor  # float32
+    ref_logp_BT: torch.Tensor | None
+    count_BT: torch.Tensor  # float32
+    inv_len_BT: torch.Tensor  # float32
+    items: tuple[TrainItem, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return int((self.count_BT > 0).sum())
+
+    def to(self, device: torch.device | str) -> SharedBatch:
+        def move(x: torch.Tensor) -> torch.Tensor:
+            return x.to(device, non_blocking=True)
+
+        return SharedBatch(
+            move(self.input_ids_BT), move(self.position_ids_BT), move(self.pred_BT), move(self.allowed_BTT),
+            move(self.loss_mask_BT), move(self.rollout_logp_BT), move(self.adv_BT),
+            None if self.ref_logp_BT is None else move(self.ref_logp_BT), move(self.count_BT),
+            move(self.inv_len_BT), self.items,
+        )
+
+
+@dataclass(frozen=True)
 class LossOutput:
     """The loss (a scalar with grad) and detached statistics over the loss tokens.
 
@@ -397,6 +456,8 @@ class StepMetrics:
     optimizer_s: float
     total_s: float
     splits: Mapping[str, float] = field(default_factory=dict)
+    forward_tokens: int = 0  # tokens the model ran on (num_tokens unless trainer.prefix_sharing shared some)
+    shared_fallback_groups: int = 0  # prefix_sharing: groups with no shared prefix, trained unshared
 
     def as_dict(self) -> dict[str, float]:
         """Flat name -> number, for the trajectory store's ``log_metric`` and JSON."""
