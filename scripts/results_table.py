@@ -83,8 +83,13 @@ def _engine_gpu(r: dict[str, Any]) -> str:
             f"{r['vs_generate_72']:.1f}x batched `generate`; at 256 turns **{r['tokens_per_s_256']:,} tokens/s**")
 
 
+def _weight_sync_gpu(r: dict[str, Any]) -> str:
+    return "; ".join(f"{name} **{secs:g} s**" for name, secs in r["seconds"].items()) + " a version"
+
+
 ROWS = (("main_job", _main_job), ("rollout_bench", _rollout), ("sandbox_bench", _sandbox),
-        ("grid_demo", _grid), ("learner_gpu", _learner_gpu), ("mopd_gpu", _mopd_gpu), ("engine_gpu", _engine_gpu))
+        ("grid_demo", _grid), ("learner_gpu", _learner_gpu), ("mopd_gpu", _mopd_gpu), ("engine_gpu", _engine_gpu),
+        ("weight_sync_gpu", _weight_sync_gpu))
 
 
 def render(results: dict[str, Any]) -> str:
