@@ -35,6 +35,7 @@ __all__ = [
     "overlong_penalty",
     "reinforce",
     "reinforce_pp",
+    "response_tokens",
     "rloo",
 ]
 
@@ -153,7 +154,8 @@ def group_advantages(reward_groups: Sequence[Sequence[float]], cfg: AdvantageCon
     return [estimator(torch.tensor(list(g), dtype=torch.float64), cfg.eps).tolist() for g in reward_groups]
 
 
-def _response_tokens(t: Trajectory) -> int:
+def response_tokens(t: Trajectory) -> int:
+    """The tokens a trajectory's policy sampled (its length for the budget penalty)."""
     return sum(s.num_sampled for s in t.samples)
 
 
@@ -162,7 +164,7 @@ def shaped_reward(
     cfg: AdvantageConfig,
     *,
     budget_of: Callable[[Trajectory], int | None] | None = None,
-    tokens_of: Callable[[Trajectory], int] = _response_tokens,
+    tokens_of: Callable[[Trajectory], int] = response_tokens,
     tau_of: Callable[[Trajectory], float] | None = None,
 ) -> float:
     """The trajectory's reward as the advantage sees it: the verifier's, then the effort rule
@@ -182,7 +184,7 @@ def items_from_groups(
     cfg: AdvantageConfig,
     *,
     budget_of: Callable[[Trajectory], int | None] | None = None,
-    tokens_of: Callable[[Trajectory], int] = _response_tokens,
+    tokens_of: Callable[[Trajectory], int] = response_tokens,
     tau_of: Callable[[Trajectory], float] | None = None,
 ) -> list[TrainItem]:
     """Shape rewards, compute advantages and expand trajectories into ``TrainItem``s.

@@ -231,28 +231,38 @@ class ServerReloadPublisher:
         return path
 
     def _reload(self, server: str, model_path: str, version: int) -> tuple[dict[str, Any] | None, str | None]:
-        import httpx
+        answer, why, _ = reload_from_disk(server, model_path, version, self.timeout_s)
+        return answer, why
 
-        # The server gives up draining before this client gives up waiting, so its answer (503) arrives.
-        body = {"model_path": model_path, "version": version, "drain_timeout_s": self.timeout_s * 0.9}
-        start = time.monotonic()
-        try:
-            resp = httpx.post(f"{server}/update_weights_from_disk", json=body, timeout=self.timeout_s)
-        except httpx.TimeoutException:
-            return None, f"no answer within {self.timeout_s}s"
-        except httpx.HTTPError as exc:
-            return None, f"connection failed ({type(exc).__name__}: {exc})"
-        try:
-            answer = resp.json()
-        except ValueError:
-            answer = None
-        if resp.status_code != 200:
-            message = answer.get("message") if isinstance(answer, dict) else None
-            return None, f"HTTP {resp.status_code}: {message or resp.text[:300]}"
-        if not isinstance(answer, dict) or answer.get("success") is not True or answer.get("version") != version:
-            return None, f"unexpected answer {resp.text[:300]!r} (expected success and version {version})"
-        answer["request_s"] = round(time.monotonic() - start, 4)
-        return answer, None
+
+def reload_from_disk(
+    url: str, model_path: str, version: int, timeout_s: float, headers: Mapping[str, str] | None = None,
+) -> tuple[dict[str, Any] | None, str | None, bool]:
+    """``POST /update_weights_from_disk`` (SGLang's route) to the server at ``url``: ``(answer, None, False)`` when it
+    loaded ``version`` from ``model_path``, else ``(None, why, unreachable)``; ``unreachable``: the connection failed
+    (refused, reset), not the server's answer."""
+    import httpx
+
+    # The server gives up draining before this client gives up waiting, so its answer (503) arrives.
+    body = {"model_path": model_path, "version": version, "drain_timeout_s": timeout_s * 0.9}
+    start = time.monotonic()
+    try:
+        resp = httpx.post(f"{url}/update_weights_from_disk", json=body, timeout=timeout_s, headers=dict(headers or {}))
+    except httpx.TimeoutException:
+        return None, f"no answer within {timeout_s}s", False
+    except httpx.HTTPError as exc:
+        return None, f"connection failed ({type(exc).__name__}: {exc})", True
+    try:
+        answer = resp.json()
+    except ValueError:
+        answer = None
+    if resp.status_code != 200:
+        message = answer.get("message") if isinstance(answer, dict) else None
+        return None, f"HTTP {resp.status_code}: {message or resp.text[:300]}", False
+    if not isinstance(answer, dict) or answer.get("success") is not True or answer.get("version") != version:
+        return None, f"unexpected answer {resp.text[:300]!r} (expected success and version {version})", False
+    answer["request_s"] = round(time.monotonic() - start, 4)
+    return answer, None, False
 
 
 _TO_NUMPY = {torch.bfloat16: torch.int16}  # numpy has no bfloat16: carried bit for bit as int16

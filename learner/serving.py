@@ -43,7 +43,7 @@ from transformers import PreTrainedTokenizerBase
 
 from learner.errors import LearnerConfigError
 from learner.model import PolicyModel
-from learner.publish import CheckpointPublisher, PublishError
+from learner.publish import CheckpointPublisher, PublishError, reload_from_disk
 from learner.types import ServingConfig
 from rollout.policy.served import ServedPolicy, ServerFleet
 from rollout.runner import InProcessRunner
@@ -109,29 +109,11 @@ class DiskServerPublisher:
         pass  # one HTTP request per reload: nothing held between versions
 
     def _reload(self, url: str, model_path: str, version: int) -> tuple[dict[str, Any] | None, str | None]:
-        import httpx
-
-        # The server gives up draining before this client gives up waiting, so its answer (503) arrives.
-        body = {"model_path": model_path, "version": version, "drain_timeout_s": self.timeout_s * 0.9}
-        start = time.monotonic()
-        try:
-            resp = httpx.post(f"{url}/update_weights_from_disk", json=body, timeout=self.timeout_s, headers=self.headers)
-        except httpx.TimeoutException:
-            return None, f"no answer within {self.timeout_s}s"
-        except httpx.TransportError as exc:  # gone: dropped from the fleet, as a turn on it would be
-            self.fleet.mark_dead(url, f"connection failed while loading version {version} ({type(exc).__name__}: {exc})")
+        answer, why, unreachable = reload_from_disk(url, model_path, version, self.timeout_s, self.headers)
+        if unreachable:  # gone: dropped from the fleet, as a turn on it would be
+            self.fleet.mark_dead(url, f"{why} while loading version {version}")
             return None, None
-        try:
-            answer = resp.json()
-        except ValueError:
-            answer = None
-        if resp.status_code != 200:
-            message = answer.get("message") if isinstance(answer, dict) else None
-            return None, f"HTTP {resp.status_code}: {message or resp.text[:300]}"
-        if not isinstance(answer, dict) or answer.get("success") is not True or answer.get("version") != version:
-            return None, f"unexpected answer {resp.text[:300]!r} (expected success and version {version})"
-        answer["request_s"] = round(time.monotonic() - start, 4)
-        return answer, None
+        return answer, why
 
 
 def make_server_publisher(

@@ -46,7 +46,7 @@ from learner.packing import pack
 from learner.publish import WeightPublisher
 from learner.tree import pack_shared
 from learner.types import (
-    Aggregation, LossConfig, LossVariant, SharedBatch, StepMetrics, TrainBatch, TrainerConfig, TrainItem,
+    Aggregation, LossConfig, LossOutput, LossVariant, SharedBatch, StepMetrics, TrainBatch, TrainerConfig, TrainItem,
 )
 from rollout.types import Trajectory
 
@@ -252,15 +252,8 @@ class Trainer:
             self._backward(out.loss, k, len(mine), counts)
             if not counts:  # a stand-in that keeps a rank's collectives in step with the others (ShardedTrainer)
                 continue
-            acc["loss"] += float(out.loss.detach())
-            acc["pg"] += out.pg_loss_sum
-            acc["kl"] += out.kl_sum
-            acc["clip"] += out.clipped_sum
-            acc["w"] += out.is_weight_sum
-            acc["masked"] += out.is_masked_sum
             assert ent_BT is not None  # noqa: S101 - asked for with_entropy
-            acc["ent"] += float((ent_BT * mb.loss_mask_BT).sum())
-            w_min, w_max = min(w_min, out.is_weight_min), max(w_max, out.is_weight_max)
+            w_min, w_max = _accumulate(acc, out, float((ent_BT * mb.loss_mask_BT).sum()), w_min, w_max)
         for sb in plan.batches if plan is not None else ():
             w_min, w_max = self._shared_micro_batch(sb.to(self.device), n_tok, n_seq, acc, w_min, w_max)
         acc, w_min, w_max = self._reduce_stats(acc, w_min, w_max)
@@ -327,15 +320,8 @@ class Trainer:
             ref_logp_BT=ref_BT, num_tokens=n_tok, num_seqs=n_seq, coef_BT=coef_BT, count_BT=sb.count_BT,
         )
         self._backward(out.loss, 0, 1, True)
-        acc["loss"] += float(out.loss.detach())
-        acc["pg"] += out.pg_loss_sum
-        acc["kl"] += out.kl_sum
-        acc["clip"] += out.clipped_sum
-        acc["w"] += out.is_weight_sum
-        acc["masked"] += out.is_masked_sum
         assert ent_BT is not None  # noqa: S101 - asked for with_entropy
-        acc["ent"] += float((ent_BT * sb.loss_mask_BT * sb.count_BT).sum())
-        return min(w_min, out.is_weight_min), max(w_max, out.is_weight_max)
+        return _accumulate(acc, out, float((ent_BT * sb.loss_mask_BT * sb.count_BT).sum()), w_min, w_max)
 
     @torch.no_grad()
     def _ref_logprobs(
@@ -437,3 +423,15 @@ class Trainer:
         )
         trainer.load(where)
         return trainer
+
+
+def _accumulate(acc: dict[str, float], out: LossOutput, entropy_sum: float, w_min: float, w_max: float) -> tuple[float, float]:
+    """Add one micro-batch's loss statistics to the step's sums; the importance weights' running min and max."""
+    acc["loss"] += float(out.loss.detach())
+    acc["pg"] += out.pg_loss_sum
+    acc["kl"] += out.kl_sum
+    acc["clip"] += out.clipped_sum
+    acc["w"] += out.is_weight_sum
+    acc["masked"] += out.is_masked_sum
+    acc["ent"] += entropy_sum
+    return min(w_min, out.is_weight_min), max(w_max, out.is_weight_max)

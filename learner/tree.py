@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from learner.advantages import _response_tokens, dynamic_sampling_keep, shaped_reward
+from learner.advantages import response_tokens, dynamic_sampling_keep, shaped_reward
 from learner.errors import LearnerConfigError, ShapeError
 from learner.packing import first_fit_decreasing
 from learner.types import AdvantageConfig, AdvantageEstimator, SharedBatch, TrainItem, TreeSegment
@@ -124,7 +124,7 @@ def tree_items(
     cfg: AdvantageConfig,
     *,
     budget_of: Callable[[Trajectory], int | None] | None = None,
-    tokens_of: Callable[[Trajectory], int] = _response_tokens,
+    tokens_of: Callable[[Trajectory], int] = response_tokens,
     tau_of: Callable[[Trajectory], float] | None = None,
 ) -> list[TrainItem]:
     """``learner.advantages.items_from_groups`` with tree advantages: the same items, one advantage per token.

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rollout.engine import EngineError, EngineRequest, EngineRequestError, EngineTimeout
 from rollout.policy.types import FinishReason, ThinkingBudget
 
-__all__ = ["GenerateRequest", "TokenSamplingParams", "add_engine_routes"]
+__all__ = ["GenerateRequest", "TokenSamplingParams", "add_engine_routes", "error_response"]
 
 _NEUTRAL: dict[str, Any] = {"top_k": (None, 0, -1), "min_p": (None, 0.0), "presence_penalty": (None, 0.0),
                             "frequency_penalty": (None, 0.0), "repetition_penalty": (None, 1.0), "n": (None, 1),
@@ -72,7 +72,8 @@ class GenerateRequest(BaseModel):
     stream: bool = False
 
 
-def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    """An error in OpenAI's shape (``param`` naming the field) with SGLang's ``success`` / ``message`` beside it."""
     error: dict[str, Any] = {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
                              "code": status}
     if param is not None:
@@ -90,18 +91,18 @@ def add_engine_routes(app: FastAPI, policy: Any, model_name: str) -> None:
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"])
-            return _error(400, f"{field}: {first['msg']}", field)
+            return error_response(400, f"{field}: {first['msg']}", field)
         if req.model is not None and req.model != model_name:
-            return _error(404, f"model {req.model!r} not found; this server serves {model_name!r}", "model")
+            return error_response(404, f"model {req.model!r} not found; this server serves {model_name!r}", "model")
         if req.stream:
-            return _error(400, "stream: only false is supported", "stream")
+            return error_response(400, "stream: only false is supported", "stream")
         sp = req.sampling_params
         for name, value in (sp.model_extra or {}).items():
             if name in _NEUTRAL and value not in _NEUTRAL[name]:
-                return _error(400, f"sampling_params.{name}: not supported by this engine (got {value!r})",
+                return error_response(400, f"sampling_params.{name}: not supported by this engine (got {value!r})",
                               f"sampling_params.{name}")
         if not policy.use_engine:
-            return _error(501, "this server's model has no engine forward; use /v1/completions", "token_ids")
+            return error_response(501, "this server's model has no engine forward; use /v1/completions", "token_ids")
         engine = policy.engine
         stop_ids = set(sp.stop_token_ids or ())
         if not sp.ignore_eos:
@@ -119,9 +120,9 @@ def add_engine_routes(app: FastAPI, policy: Any, model_name: str) -> None:
             hit = next((f for f in ("prompt_ids", "max_new_tokens", "top_p", "temperature") if f in text), "")
             mapped = {"prompt_ids": "token_ids", "max_new_tokens": "sampling_params.max_tokens",
                       "top_p": "sampling_params.top_p", "temperature": "sampling_params.temperature"}.get(hit)
-            return _error(400, text.replace("prompt_ids", "token_ids"), mapped)
+            return error_response(400, text.replace("prompt_ids", "token_ids"), mapped)
         except EngineError as exc:
-            return _error(500, str(exc))
+            return error_response(500, str(exc))
         finish = {FinishReason.STOP: "stop", FinishReason.ABORT: "abort"}.get(out.finish_reason, "length")
         versions = list(out.versions)
         return {
@@ -150,28 +151,28 @@ def add_engine_routes(app: FastAPI, policy: Any, model_name: str) -> None:
     @app.post("/pause")
     async def pause(mode: str = Query("abort"), timeout_s: float = Query(600.0, gt=0)) -> Any:
         if mode not in ("abort", "wait", "keep"):
-            return _error(400, f"mode: expected abort, wait or keep, got {mode!r}", "mode")
+            return error_response(400, f"mode: expected abort, wait or keep, got {mode!r}", "mode")
         try:
             await asyncio.to_thread(policy.engine.pause, mode, timeout_s)
         except EngineTimeout as exc:
-            return _error(503, str(exc), "timeout_s")
+            return error_response(503, str(exc), "timeout_s")
         return {"success": True, "is_paused": True, "mode": mode}
 
     @app.post("/resume")
     async def resume() -> Any:
         if policy.engine.sleeping:
-            return _error(409, "the engine is asleep: POST /wake_up resumes it", "sleep")
+            return error_response(409, "the engine is asleep: POST /wake_up resumes it", "sleep")
         policy.engine.resume()
         return {"success": True, "is_paused": False}
 
     @app.post("/sleep")
     async def sleep(level: int = Query(1)) -> Any:
         if level not in (1, 2):
-            return _error(400, f"level: expected 1 or 2, got {level}", "level")
+            return error_response(400, f"level: expected 1 or 2, got {level}", "level")
         try:
             await asyncio.to_thread(policy.engine.sleep, level)
         except EngineTimeout as exc:
-            return _error(503, str(exc), "level")
+            return error_response(503, str(exc), "level")
         return {"success": True, "is_sleeping": True, "level": level}
 
     @app.post("/wake_up")

@@ -47,6 +47,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rollout.engine_routes import error_response
 from rollout.weight_transfer import (
     DEFAULT_BUCKET_BYTES,
     InitInfo,
@@ -107,29 +108,21 @@ class FinishRequest(BaseModel):
     version: int | None = Field(default=None, ge=0)
 
 
-def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    error: dict[str, Any] = {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
-                             "code": status}
-    if param is not None:
-        error["param"] = param
-    return JSONResponse({"success": False, "message": message, "error": error}, status)
-
-
 def _parse(model: type[BaseModel], body: Any) -> BaseModel | JSONResponse:
     try:
         return model.model_validate(body if body is not None else {})
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "body"
-        return _error(400, f"{field}: {first['msg']}", field)
+        return error_response(400, f"{field}: {first['msg']}", field)
 
 
 def _failed(exc: TransferError) -> JSONResponse:
     if isinstance(exc, TransferRequestError):
-        return _error(409 if exc.field == "version" else 400, str(exc), exc.field)
+        return error_response(409 if exc.field == "version" else 400, str(exc), exc.field)
     if isinstance(exc, TransferTimeout):
-        return _error(504, str(exc), "init_info.timeout_s")
-    return _error(502, str(exc))
+        return error_response(504, str(exc), "init_info.timeout_s")
+    return error_response(502, str(exc))
 
 
 def add_transfer_routes(app: FastAPI, policy: Any, on_loaded: Callable[[int], None] | None = None) -> WeightReceiver:
@@ -153,14 +146,14 @@ def add_transfer_routes(app: FastAPI, policy: Any, on_loaded: Callable[[int], No
         i = req.init_info
         backend = i.backend or ("nccl" if device.type == "cuda" else "gloo")
         if backend == "ipc":
-            return _error(400, "init_info.backend: ipc is not served over HTTP (its handles are pickles); use nccl or "
+            return error_response(400, "init_info.backend: ipc is not served over HTTP (its handles are pickles); use nccl or "
                                "gloo, or rollout.weight_transfer.ipc_handles from a colocated process",
                           "init_info.backend")
         if backend not in ("gloo", "nccl") or (backend == "nccl" and device.type != "cuda"):
-            return _error(400, f"init_info.backend: expected gloo{' or nccl' if device.type == 'cuda' else ''} for a "
+            return error_response(400, f"init_info.backend: expected gloo{' or nccl' if device.type == 'cuda' else ''} for a "
                                f"model on {device.type}, got {backend!r}", "init_info.backend")
         if i.rank_offset >= i.world_size:
-            return _error(400, f"init_info.rank_offset: {i.rank_offset} must be below world_size {i.world_size}",
+            return error_response(400, f"init_info.rank_offset: {i.rank_offset} must be below world_size {i.world_size}",
                           "init_info.rank_offset")
         info = InitInfo(i.master_address, i.master_port, i.rank_offset, i.world_size, backend,  # type: ignore[arg-type]
                         i.timeout_s)
@@ -177,7 +170,7 @@ def add_transfer_routes(app: FastAPI, policy: Any, on_loaded: Callable[[int], No
             return req
         assert isinstance(req, StartRequest)
         if req.version is not None and req.version < policy.version:
-            return _error(409, f"version: {req.version} is older than the loaded version {policy.version}; versions "
+            return error_response(409, f"version: {req.version} is older than the loaded version {policy.version}; versions "
                                "only grow", "version")
         receiver.start(req.version)
         return {"success": True}
@@ -190,7 +183,7 @@ def add_transfer_routes(app: FastAPI, policy: Any, on_loaded: Callable[[int], No
         assert isinstance(req, UpdateRequest)
         u = req.update_info
         if not u.packed:
-            return _error(400, "update_info.packed: only packed transfers are received (true)", "update_info.packed")
+            return error_response(400, "update_info.packed: only packed transfers are received (true)", "update_info.packed")
         try:
             n = await asyncio.to_thread(receiver.update, u.names, u.dtype_names, u.shapes, bucket_bytes=u.bucket_bytes,
                                         version=u.version)
