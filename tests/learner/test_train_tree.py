@@ -35,7 +35,10 @@ TINY = {
     },
     "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1},
     "sft": {"episodes": 2, "steps": 1, "batch_size": 2},
-    "rl": {"iterations": 2, "groups_per_iter": 1, "updates_per_iter": 1},
+    # the learner side of a tree configured as a user would (learner.tree); the random tiny model earns 0, so no
+    # step runs here: shared == unshared training is tested in tests/learner/test_tree.py
+    "rl": {"iterations": 2, "groups_per_iter": 1, "updates_per_iter": 1, "advantage": {"estimator": "grpo", "tree": True}},
+    "trainer": {"lr": 1e-3, "micro_batch_tokens": 4096, "logprobs_at_loss_tokens": True, "prefix_sharing": True},
     "eval": {"seeds": {"start": 9000, "count": 2}, "every": 0, "temperature": 1.0, "greedy_too": False},
     "train_seeds": 9000,
 }
