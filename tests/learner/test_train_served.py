@@ -9,11 +9,8 @@ reruns, never a duplicate: the run finishes on the server left.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
+from ray_heads import free_port
+from serve_procs import start_serve, stop, wait_up
 
 from learner.errors import LearnerConfigError
 from learner.loop import TrainLoop
@@ -31,7 +30,6 @@ from rollout.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[2]
 TASK = "general/answer_number"
 ITERATIONS = 2
 EVAL_SEEDS = 2
@@ -52,12 +50,6 @@ def _config(tmp: Path, urls: list[str], transport: str, max_lag: int = 0, **rl: 
     })
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _info(url: str) -> dict[str, Any]:
     return dict(httpx.get(f"{url}/get_model_info", timeout=10).json())
 
@@ -66,33 +58,14 @@ def _info(url: str) -> dict[str, Any]:
 def servers(tmp_path: Path) -> Iterator[list[tuple[str, subprocess.Popen[bytes]]]]:
     """Two ``agentenv serve`` processes started from the learner's initial checkpoint (its architecture)."""
     init = initial_checkpoint(_config(tmp_path, ["http://127.0.0.1:1"], "disk"), tmp_path / "init")
-    procs = []
-    for i in range(2):
-        port = _free_port()
-        log = open(tmp_path / f"serve{i}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentenv.cli", "serve", str(init), "--port", str(port), "--served-name", "student"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        procs.append((f"http://127.0.0.1:{port}", proc))
-    deadline = time.monotonic() + 180
-    for i, (url, proc) in enumerate(procs):
-        while True:
-            try:
-                _info(url)
-                break
-            except httpx.HTTPError:
-                assert proc.poll() is None, (tmp_path / f"serve{i}.log").read_text()
-                assert time.monotonic() < deadline, "agentenv serve did not come up within 180s"
-                time.sleep(0.3)
+    started = [start_serve(str(init), tmp_path / f"serve{i}.log", "--served-name", "student") for i in range(2)]
     try:
-        yield procs
+        for server in started:
+            wait_up(server)
+        yield [(server.url, server.proc) for server in started]
     finally:
-        for _, proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for _, proc in procs:
-            proc.wait(30)
+        for server in started:
+            stop(server)
 
 
 def _stored(tmp: Path, run_id: str) -> list[Any]:
@@ -170,7 +143,7 @@ def test_a_server_killed_mid_run_costs_reruns_never_a_duplicate(
 
 
 def test_a_server_that_is_down_at_start_is_named(tmp_path: Path) -> None:
-    down = f"http://127.0.0.1:{_free_port()}"
+    down = f"http://127.0.0.1:{free_port()}"
     loop = TrainLoop(_config(tmp_path, [down], "disk"), [TASK])
     with pytest.raises(LearnerConfigError, match=down.replace(".", r"\.")):
         asyncio.run(loop.run())

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from ray_heads import free_port
+from serve_procs import start_serve, stop, wait_up
 
 from learner.model import PolicyModel
 from learner.publish import PublishError
@@ -34,58 +33,19 @@ from rollout.weight_transfer import (
     weights_sha256,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_server(tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    log = open(tmp / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen([sys.executable, "-m", "agentenv.cli", "serve", "tiny", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=str(ROOT))
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def _wait_up(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, f"agentenv serve at {url} did not come up within 180s"
-        time.sleep(0.2)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     tmp = tmp_path_factory.mktemp("weight_transfer")
-    started = [_start_server(tmp, f"s{i}") for i in range(2)]
+    started = [start_serve("tiny", tmp / f"s{i}.log") for i in range(2)]
     try:
-        for i, (proc, url) in enumerate(started):
-            _wait_up(proc, url, tmp / f"s{i}.log")
-        yield [url for _, url in started]
+        for server in started:
+            wait_up(server)
+        yield [server.url for server in started]
     finally:
-        for proc, _ in started:
-            _stop(proc)
+        for server in started:
+            stop(server)
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +186,7 @@ def test_malformed_transfer_request_is_a_400_naming_the_field(servers: list[str]
 
 @pytest.mark.slow
 def test_a_server_that_never_joins_fails_the_publish_within_the_timeout(servers: list[str], learner: PolicyModel) -> None:
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     pub = BroadcastPublisher([servers[1], dead], "gloo", timeout_s=5)
     start = time.monotonic()
     with pytest.raises(PublishError) as e:
@@ -240,9 +200,10 @@ def test_a_server_that_never_joins_fails_the_publish_within_the_timeout(servers:
 def test_a_server_killed_between_versions_fails_the_next_publish_naming_it(
     tmp_path: Path, learner: PolicyModel
 ) -> None:
-    proc, url = _start_server(tmp_path, "victim")
+    victim = start_serve("tiny", tmp_path / "victim.log")
+    proc, url = victim.proc, victim.url
     try:
-        _wait_up(proc, url, tmp_path / "victim.log")
+        wait_up(victim)
         pub = BroadcastPublisher([url], "gloo", timeout_s=5)
         pub(learner, 1)
         os.kill(proc.pid, signal.SIGKILL)
@@ -254,7 +215,7 @@ def test_a_server_killed_between_versions_fails_the_next_publish_naming_it(
         assert url in e.value.failed
         pub.close()
     finally:
-        _stop(proc)
+        stop(victim)
 
 
 @pytest.mark.unit
@@ -263,9 +224,9 @@ def test_a_rank_that_never_joins_or_never_sends_is_a_timeout_not_a_hang() -> Non
 
     start = time.monotonic()
     with pytest.raises(TransferTimeout, match="within 2.0s"):
-        TransferGroup("gloo", "127.0.0.1", _free_port(), rank=0, world_size=2, timeout_s=2)
+        TransferGroup("gloo", "127.0.0.1", free_port(), rank=0, world_size=2, timeout_s=2)
     assert time.monotonic() - start < 15
-    port = _free_port()
+    port = free_port()
     made: dict[str, TransferGroup] = {}
     joiner = threading.Thread(target=lambda: made.update(
         r0=TransferGroup("gloo", "127.0.0.1", port, rank=0, world_size=2, timeout_s=2)))
