@@ -76,7 +76,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollout.engine_routes import add_engine_routes
+from rollout.engine_routes import add_engine_routes, error_response
 from rollout.errors import ServeError
 from rollout.harnesses.parsing import extract_text
 from rollout.policy.hf import HFPolicy
@@ -176,9 +176,7 @@ def _validation_error(exc: RequestValidationError) -> JSONResponse:
     else:
         where = [str(p) for p in first.get("loc", ()) if p not in ("body", "query")]
         field, why = ".".join(where) or "body", str(first.get("msg", "invalid"))
-    message = f"{field}: {why}"
-    error = {"message": message, "type": "invalid_request_error", "param": field, "code": 400}
-    return JSONResponse({"success": False, "message": message, "error": error}, 400)
+    return error_response(400, f"{field}: {why}", field)
 
 
 def _finish(g: Generation, has_calls: bool) -> str:
