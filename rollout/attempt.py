@@ -145,6 +145,10 @@ class AttemptHost(Protocol):
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T: ...
 
+    def leaf_wait_s(self, req: EpisodeRequest) -> float:
+        """How long a branch leaf waits for its point's checkpoint."""
+        ...
+
     async def acquire(self, task: Task, variant: Variant) -> Lease:
         """A sandbox at ``variant``'s pristine state; cancelled while it is being acquired, it leaks nothing."""
         ...

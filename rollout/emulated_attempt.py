@@ -182,7 +182,7 @@ class _Attempt:
         host, req, role = self.host, self.req, self.role
         assert role is not None and self.plan is not None  # noqa: S101 - only leaves come here
         self.leaf = {"turn": None, "snapshot": None, "prefix_turns": 0, "prefix_tokens": 0, "failed": []}
-        got = await host.trees.wait(role.root, role.point, min(host.trees.wait_s, task.limits.wall_time_s + 60.0))
+        got = await host.trees.wait(role.root, role.point, host.leaf_wait_s(req))
         if isinstance(got, str):
             self.leaf["failed"].append(got)
             return None

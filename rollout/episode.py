@@ -201,6 +201,28 @@ class EpisodeRunner:
         if running:
             await asyncio.shield(asyncio.gather(*(asyncio.wrap_future(f) for f in running), return_exceptions=True))
 
+    def leaf_wait_s(self, req: EpisodeRequest) -> float:
+        """How long leaf ``req`` waits for its point's checkpoint: the registry's bound, at most its task's wall time + 60 s."""
+        return min(self.trees.wait_s, self._task(req.task_id).limits.wall_time_s + 60.0)
+
+    async def branch_ready(self, req: EpisodeRequest) -> None:
+        """For a leaf: return once its point is resolved or failed; a point still open after ``leaf_wait_s``
+        fails (the reason names the wait), so the attempt reads the outcome at once and runs whole.
+
+        A caller that bounds concurrency awaits this *before* the leaf takes a slot: a leaf waiting inside a slot
+        for a root that waits for a slot stalls the pool until the timeout (issue 29's first comparison run lost
+        30 of 480 leaves to it). Roots, plain requests and native harnesses return at once."""
+        role = req.branch
+        if role is None or role.is_root or is_native_harness(req.harness):
+            return
+        try:
+            timeout_s = self.leaf_wait_s(req)
+        except Exception:  # noqa: BLE001 - a bad task id is the attempt's to report, with its field named
+            return
+        got = await self.trees.wait(role.root, role.point, timeout_s)
+        if isinstance(got, str):
+            self.trees.fail(role.root, role.point, got)
+
     # ------------------------------------------------------------ helpers
 
     def _failure(self, req: EpisodeRequest, status: Status, error: str, started: float) -> Trajectory:

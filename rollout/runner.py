@@ -140,6 +140,7 @@ class InProcessRunner:
 
     async def _run(self, request: EpisodeRequest) -> Trajectory | None:
         self._sem = self._sem or asyncio.Semaphore(self.concurrency)
+        await self.episodes.branch_ready(request)  # a leaf waits for its root's checkpoint outside the slots
         async with self._sem:
             self.counts["run"] += 1
             return await self.episodes.run(request)

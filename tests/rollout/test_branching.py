@@ -283,3 +283,34 @@ def test_trees_across_processes_are_refused_before_anything_runs() -> None:
         plan_episodes(parse_config({"run_id": "r", **tree}), ["general/answer_number"])
     resumed = plan_episodes(parse_config({"run_id": "r", "group_size": 2, "resume_from_snapshots": True}), ["t"])
     assert all(r.resume_from_snapshots for r in resumed), "a rollout job's episodes resume in any runner"
+
+
+@pytest.mark.docker
+def test_leaves_queued_before_their_root_wait_outside_the_runners_slots(base_image: Any, tok: Any, tmp_path: Path) -> None:
+    """One slot, the leaves at the semaphore first: a leaf that waited *in* the slot would hold it until the wait
+    timed out (the root queued behind it) and then run whole; waiting outside, the root runs and every leaf forks."""
+    from rollout.runner import InProcessRunner
+
+    store = TrajectoryStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    runner = InProcessRunner(Walker(walk=3, wrong=0.0), tokenizer=tok, backend="docker", run_id="branch-test", store=store,
+                             concurrency=1, pool_size=2)
+    runner.episodes.trees.wait_s = 20.0  # the old order fails within this, instead of after the task's wall time
+    root_req, *leaf_reqs = _tree("slots", k=3, turn=1)
+
+    async def go() -> list[Trajectory | None]:
+        await runner.start([TASK])
+        futures = [runner.submit(r) for r in leaf_reqs]
+        await asyncio.sleep(1.0)  # the leaves' store lookups are done: they are at the slots before the root
+        futures.append(runner.submit(root_req))
+        try:
+            return list(await asyncio.gather(*futures))
+        finally:
+            await runner.close()
+
+    *leaves, root = asyncio.run(go())
+    assert root is not None and root.status is Status.OK, root
+    for leaf in leaves:
+        assert leaf is not None and leaf.status is Status.OK, leaf
+        b = leaf.verifier["branch"]
+        assert b["failed"] == [] and b["prefix_turns"] == 2 and b["snapshot"] is not None, b
+    assert sorted(t.episode_id for t in store.query(run_id="branch-test")) == sorted(r.episode_id for r in [root_req, *leaf_reqs])
