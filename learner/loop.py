@@ -714,7 +714,7 @@ class TrainLoop:
 
     def summary(self, first: EvalResult, last: EvalResult) -> dict[str, Any]:
         return {
-            "run_id": self.run_id, "config": self.cfg.run_id, "tasks": self.task_ids,
+            "run_id": self.run_id, "config": self.cfg.run_id, "seed": self.cfg.seed, "tasks": self.task_ids,
             "eval_seeds": list(self.cfg.eval.seeds), "eval_temperature": self.cfg.eval.temperature,
             "pass_rate_after_warm_start": first.pass_rate, "pass_rate_after_rl": last.pass_rate,
             "improvement_points": round(100 * (last.pass_rate - first.pass_rate), 1),
