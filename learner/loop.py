@@ -90,8 +90,8 @@ if TYPE_CHECKING:
     from learner.group import LearnerGroup
 
 __all__ = [
-    "AdvantageProvider", "EvalResult", "Reporter", "RunHistory", "TrainLoop", "check_trained", "eval_requests", "fresh_for_learner",
-    "split_pass_rates",
+    "AdvantageProvider", "EvalResult", "Reporter", "RunHistory", "TrainLoop", "check_trained", "deal_updates", "eval_requests",
+    "fresh_for_learner", "split_pass_rates",
 ]
 
 
@@ -231,6 +231,28 @@ def _episode_of(sample_id: str, by_id: Mapping[str, Trajectory]) -> Trajectory |
         if found and head in by_id:
             return by_id[head]
     return None
+
+
+def deal_updates(items: list[TrainItem], updates: int, rng: random.Random, *, whole_groups: bool = False) -> list[list[TrainItem]]:
+    """``items`` shuffled by ``rng`` into at most ``updates`` parts of about equal size (empty parts left out).
+
+    ``whole_groups`` (``trainer.prefix_sharing``): groups are shuffled and dealt whole, so a tree never straddles
+    two updates (its shared prefix would be forwarded in each); without it, items are shuffled one by one."""
+    chunk = -(-len(items) // updates)
+    if not whole_groups:
+        rng.shuffle(items)
+        return [p for p in (items[u * chunk : (u + 1) * chunk] for u in range(updates)) if p]
+    by_group: dict[str, list[TrainItem]] = {}
+    for item in items:
+        by_group.setdefault(item.group_id, []).append(item)
+    groups = list(by_group.values())
+    rng.shuffle(groups)
+    parts: list[list[TrainItem]] = [[]]
+    for g in groups:
+        if parts[-1] and len(parts[-1]) + len(g) / 2 > chunk and len(parts) < updates:  # g fits better in the next
+            parts.append([])
+        parts[-1].extend(g)
+    return [p for p in parts if p]
 
 
 def check_trained(items: Sequence[TrainItem], planned: Sequence[Trajectory], version: int, max_lag: int) -> int:
@@ -646,12 +668,8 @@ class TrainLoop:
         if self.effort is not None:  # the share the effort rule set to -1
             row["over_budget"] = self.effort.over_budget(fresh)
         if items and any(_nonzero(i.advantage) for i in items):
-            self.rng.shuffle(items)
-            chunk = -(-len(items) // cfg.updates_per_iter)
-            for u in range(cfg.updates_per_iter):
-                part = items[u * chunk : (u + 1) * chunk]
-                if part:
-                    m = await asyncio.to_thread(trainer.step, part, trajectories=trajs)
+            for part in deal_updates(items, cfg.updates_per_iter, self.rng, whole_groups=self.cfg.trainer.prefix_sharing):
+                m = await asyncio.to_thread(trainer.step, part, trajectories=trajs)
             row |= {k: v for k, v in m.as_dict().items() if "/" not in k}
         self._trained.extend(t.episode_id for t in fresh)
         return row

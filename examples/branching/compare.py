@@ -7,7 +7,7 @@ Each file is what ``agentenv train ... --json`` wrote for ``examples/branching/p
 ``tree.yaml`` (``--plain`` and ``--tree`` pair up by position: the same seed). Costs come from the
 rl rows: generated tokens and sandbox-seconds per group (``gen_tokens_per_group``,
 ``per_group_sandbox_s``), summed over the run's iterations (both arms run the same groups per iteration), and the tokens the learner forwarded
-(``forward_tokens``). Issue 29's goal, per seed: the tree's held-out sampled gain at least the
+(``forward_tokens``; none in an iteration whose groups all had one reward). Issue 29's goal, per seed: the tree's held-out sampled gain at least the
 plain arm's (less ``--gain-tolerance`` points) with at most ``--max-cost`` of its generated tokens and
 of its sandbox-seconds. Sandbox-seconds are wall time, so compare arms that ran side by side.
 The PNG: held-out sampled pass rate per iteration of every run, and the training rollouts' pass rate
@@ -37,13 +37,13 @@ class ArmCost:
 
 def arm_cost(summary: dict[str, Any], path: Path) -> ArmCost:
     rows = summary["rl"]
-    missing = [k for k in ("gen_tokens_per_group", "per_group_sandbox_s", "forward_tokens") if any(k not in r for r in rows)]
+    missing = [k for k in ("gen_tokens_per_group", "per_group_sandbox_s") if any(k not in r for r in rows)]
     if missing:
         raise SystemExit(f"{path}: rl rows lack {missing}: a run from before the tree costs were recorded")
     return ArmCost(  # per group, summed over iterations: both arms run the same groups per iteration
         gen_tokens=sum(r["gen_tokens_per_group"] for r in rows),
         sandbox_s=sum(r["per_group_sandbox_s"] for r in rows),
-        forward_tokens=float(sum(r["forward_tokens"] for r in rows)),
+        forward_tokens=float(sum(r.get("forward_tokens", 0) for r in rows)),  # absent: an iteration with nothing to train
     )
 
 
