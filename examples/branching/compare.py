@@ -103,15 +103,16 @@ def plot_pairs(plain: list[dict[str, Any]], tree: list[dict[str, Any]], path: Pa
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4))
     for runs, color, label in ((plain, "tab:blue", "plain GRPO"), (tree, "tab:green", "tree")):
         for i, s in enumerate(runs):
-            seed = s.get("seed", i)
-            ax0.plot([e["iteration"] for e in s["evals"]], [e["pass_rate"] for e in s["evals"]], "o-", color=color,
-                     alpha=0.8, label=f"{label}, seed {seed}" if i == 0 else None)
+            marker = "osD^v<>"[i % 7]
+            name = f"{label}, seed {s.get('seed', i)}"
+            ax0.plot([e["iteration"] for e in s["evals"]], [e["pass_rate"] for e in s["evals"]], f"{marker}-", color=color,
+                     alpha=0.8, label=name)
             spent, xs, ys = 0.0, [], []
             for r in s["rl"]:
                 spent += r["gen_tokens_per_group"]
                 xs.append(spent / 1000.0)
                 ys.append(r["pass_rate"])
-            ax1.plot(xs, ys, ".-", color=color, alpha=0.8, label=f"{label}, seed {seed}" if i == 0 else None)
+            ax1.plot(xs, ys, f"{marker}-", color=color, alpha=0.8, markersize=3, label=name)
     ax0.set(title="held-out pass rate (sampled)", xlabel="RL iteration", ylabel="pass rate", ylim=(-0.02, 1.02))
     ax1.set(title="training rollouts' pass rate (verifier)", xlabel="generated tokens per group, cumulative (thousands)",
             ylabel="pass rate", ylim=(-0.02, 1.02))
