@@ -58,6 +58,7 @@ import dataclasses
 import functools
 import hashlib
 import random
+import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -91,7 +92,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AdvantageProvider", "EvalResult", "Reporter", "RunHistory", "TrainLoop", "check_trained", "deal_updates", "eval_requests",
-    "fresh_for_learner", "split_pass_rates",
+    "fresh_for_learner", "new_run_id", "split_pass_rates",
 ]
 
 
@@ -233,6 +234,13 @@ def _episode_of(sample_id: str, by_id: Mapping[str, Trajectory]) -> Trajectory |
     return None
 
 
+def new_run_id(name: str) -> str:
+    """``<name>-<YYYYmmdd-HHMMSS>-<6 hex>``: the start time, and a random tag so that two runs of one config started
+    in the same second (a seed sweep launched in parallel) never share an id, and so never read each other's
+    stored episodes as their own. Sampling seeds never depend on it (they key on the episode's place in the run)."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
 def deal_updates(items: list[TrainItem], updates: int, rng: random.Random, *, whole_groups: bool = False) -> list[list[TrainItem]]:
     """``items`` shuffled by ``rng`` into at most ``updates`` parts of about equal size (empty parts left out).
 
@@ -346,7 +354,7 @@ class TrainLoop:
             latest = self.checkpoints.latest()
             self._restored = self.checkpoints.read_state(latest) if latest is not None else None
         else:
-            self.run_id = f"{cfg.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
+            self.run_id = new_run_id(cfg.run_id)
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(cfg.seed)
         from rollout.policy.models import load_checkpoint

@@ -1,4 +1,4 @@
-"""learner.loop.deal_updates: an iteration's items split into its updates; with prefix sharing, trees stay whole."""
+"""learner.loop: an iteration's items split into its updates (with prefix sharing, trees stay whole); run ids."""
 
 from __future__ import annotations
 
@@ -36,3 +36,10 @@ def test_item_shuffle_is_unchanged_without_prefix_sharing() -> None:
     parts = deal_updates(list(items), 2, random.Random(3))
     assert parts == [before[:32], before[32:]]
     assert deal_updates(_items({"g": 1}), 2, random.Random(0)) == [_items({"g": 1})]
+
+
+def test_runs_of_one_config_started_in_one_second_get_distinct_ids() -> None:
+    from learner.loop import new_run_id
+
+    ids = {new_run_id("quickstart") for _ in range(200)}
+    assert len(ids) == 200 and all(i.startswith("quickstart-") and len(i.split("-")) == 4 for i in ids)
