@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from examples.seed_sweep.seeds import _load, seed_rows
+from examples.seed_sweep.seeds import load_summary, seed_rows
 
 __all__ = ["ArmCost", "PairRow", "arm_cost", "pair_rows", "plot_pairs", "verdict"]
 
@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-cost", type=float, default=0.6, help="tree / plain, tokens and sandbox-s (default 0.6)")
     parser.add_argument("--gain-tolerance", type=float, default=0.0, help="points the tree may fall short (default 0)")
     args = parser.parse_args(argv)
-    plain = [(p, _load(p)) for p in args.plain]
-    tree = [(p, _load(p)) for p in args.tree]
+    plain = [(p, load_summary(p)) for p in args.plain]
+    tree = [(p, load_summary(p)) for p in args.tree]
     rows = pair_rows(plain, tree)
     _print(rows)
     bad = verdict(rows, args.max_cost, args.gain_tolerance)

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SeedRow", "criterion_holds", "plot_band", "seed_rows"]
+__all__ = ["SeedRow", "criterion_holds", "load_summary", "plot_band", "seed_rows"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class SeedRow:
         return 100.0 * (self.greedy_after - self.greedy_before)
 
 
-def _load(path: Path) -> dict[str, Any]:
+def load_summary(path: Path) -> dict[str, Any]:
     try:
         summary = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="the per-seed rows and the verdict")
     parser.add_argument("--min-gain", type=float, default=20.0, help="points, sampled and greedy (default 20)")
     args = parser.parse_args(argv)
-    summaries = [_load(p) for p in args.summaries]
+    summaries = [load_summary(p) for p in args.summaries]
     rows = seed_rows(summaries)
     _print_table(rows)
     breaches = criterion_holds(rows, args.min_gain)
