@@ -129,9 +129,9 @@ class SlotModel:
         self.graphs = bool(graphs) and self.device.type == "cuda"
         self.fuse = (self.device.type == "cuda" if fuse is None else bool(fuse)) and _fusable(model)
         self.eps = float(getattr(self.layers[0].input_layernorm, "variance_epsilon", 1e-6))
-        fns = (_rms, _add_rms, _rope, _swiglu)
+        fns: tuple[Any, ...] = (_rms, _add_rms, _rope, _swiglu)
         if self.fuse and self.device.type == "cuda":
-            fns = tuple(torch.compile(f, dynamic=True, fullgraph=True) for f in fns)  # type: ignore[misc]
+            fns = tuple(torch.compile(f, dynamic=True, fullgraph=True) for f in fns)
         self._rms, self._add_rms, self._rope, self._swiglu = fns
         self.slots = 0
         self.length = 0
