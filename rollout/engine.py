@@ -7,7 +7,11 @@ prefills the newcomers together (right-padded, in length-sorted chunks) and
 decodes every running request one token per step in one batch (continuous
 batching: a finished request frees its slot at once, a new one joins at the
 next step). On CUDA the decode step replays a CUDA graph per (batch, length)
-bucket. A request that arrives while the engine is idle waits up to
+bucket, and runs ``decode_steps`` (8) steps per replay, sampling on the device
+from each request's pre-drawn uniforms, before the host looks once: the host
+then takes each request's tokens one by one under the same rules as a single
+step and drops those past a stop (``_multi_step``). While a request feeds a
+budget's close tag the engine goes one step at a time. A request that arrives while the engine is idle waits up to
 ``admission_window_s`` (2 ms on CUDA, none on CPU) for others, so a burst of
 turns is prefilled together; later ones join the running batch at the next step.
 
