@@ -127,3 +127,28 @@ def test_fused_step_and_static_sampler_match_the_modules_and_sample_rows(tiny: A
     plain_rows = top_p >= 1
     got_plain = sample_static(logits, temp, top_p, u, nucleus=False)
     assert torch.equal(want[0][plain_rows], got_plain[0][plain_rows])
+
+
+def test_keep_update_and_abort_between_host_looks(tiny: Any, recompute: Any) -> None:
+    model, tok = tiny_model(seed=0, tokenizer=tiny[1])
+    engine = Engine(model, tok, decode_steps=8)
+    try:
+        p = _prompts(tok, 1)[0]
+        fut = engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=400, seed=3))
+        while engine.tokens_out < 9:
+            pass
+        other, _ = tiny_model(seed=5, tokenizer=tok)
+        engine.update_weights(other.state_dict(), version=1, mode="keep")
+        out = fut.result(60)
+        split = out.versions.index(1)
+        assert 0 < split < 400 and out.versions == (0,) * split + (1,) * (400 - split)
+        old, _ = tiny_model(seed=0, tokenizer=tok)
+        assert max(abs(a - b) for a, b in zip(out.logprobs[:split], recompute(old, p, out.token_ids, 1.0)[:split])) < 1e-5
+        fut = engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=400, seed=3))
+        while engine.tokens_out < 400 + 9:
+            pass
+        engine.pause("abort")
+        aborted = fut.result(30)
+        assert aborted.finish_reason is FinishReason.ABORT and 0 < len(aborted.token_ids) < 400
+    finally:
+        engine.close()
