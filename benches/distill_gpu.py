@@ -9,7 +9,9 @@ and on any CPU, in seconds, with tiny models (what the unit test does)::
 
     python -m benches.distill_gpu --tiny --json /tmp/bench_mopd.json
 
-The H200 run should take about 3 minutes on a 16-core host (three 0.5B models
+Every phase is written to ``--json`` as soon as it is measured (a run cut short keeps what it has), but
+the iteration's table needs all three: give the run its time (no 120 s cap: that cut the 2026-12-05
+run after its rollout). The H200 run should take about 3 minutes on a 16-core host (three 0.5B models
 initialised on the CPU, nine merged copies, a 512-token generate, ~40 s of
 compile in the warm-up steps); ``--no-compile``, ``--response-len 256`` or
 ``--steps 2`` shorten it. It needs ``peft`` (the LoRA teachers) and says so
@@ -185,33 +187,45 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
             return lm.generate(input_ids=ids_NP, attention_mask=attn_NP, do_sample=True, temperature=1.0, top_k=0,
                                top_p=1.0, max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
 
-    generate(min(4, args.response_len))  # warm-up
-    t0 = watch.now()
-    out = generate(args.response_len)
-    generate_s = watch.now() - t0
-    del out
+    generate_s = float("nan")  # --skip-generate: the baseline's rows read nan
+    if not args.skip_generate:
+        generate(min(4, args.response_len))  # warm-up
+        t0 = watch.now()
+        out = generate(args.response_len)
+        generate_s = watch.now() - t0
+        del out
 
-    engine = Engine(lm, max_slots=n, max_len=width + args.response_len)
-    engine.reserve(n, width + args.response_len)
+    def timed_engine(**options: Any) -> tuple[list[Any], float, float]:
+        engine = Engine(lm, max_slots=n, max_len=width + args.response_len, **options)
+        engine.reserve(n, width + args.response_len)
 
-    def wave(seed: int) -> list[Any]:  # no stop tokens: every request samples --response-len tokens, as generate does
-        futs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=args.response_len, temperature=1.0,
-                                            seed=seed + i)) for i, p in enumerate(prompts)]
-        return [f.result() for f in futs]
+        def wave(seed: int) -> list[Any]:  # no stop tokens: every request samples --response-len tokens, as generate does
+            futs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=args.response_len, temperature=1.0,
+                                                seed=seed + i)) for i, p in enumerate(prompts)]
+            return [f.result() for f in futs]
 
-    t0 = watch.now()
-    wave(10_000)  # warm-up: CUDA-graph capture for every (batch, length) bucket the wave meets
-    warm_s = watch.now() - t0
-    t0 = watch.now()
-    outs = wave(args.seed)
-    seconds = watch.now() - t0
-    engine.close()
+        t0 = watch.now()
+        wave(10_000)  # warm-up: CUDA-graph capture for every (batch, length) bucket the wave meets
+        warm_s = watch.now() - t0
+        t0 = watch.now()
+        outs = wave(args.seed)
+        seconds = watch.now() - t0
+        engine.close()
+        return outs, seconds, warm_s
+
+    one_step: dict[str, Any] = {}
+    if args.engine_1step:  # the engine as it was before multi-step decode and fused kernels, same prompts and seeds
+        outs_1, seconds_1, _ = timed_engine(decode_steps=1, fuse=False)
+        one_step = {"engine_1step_seconds": seconds_1,
+                    "engine_1step_new_tokens_per_s": sum(len(o.token_ids) for o in outs_1) / seconds_1}
+        del outs_1
+    outs, seconds, warm_s = timed_engine()
     seqs = [tuple(p + list(o.token_ids)) for p, o in zip(prompts, outs, strict=True)]
     new_tokens = sum(len(o.token_ids) for o in outs)
     stats = {"seconds": seconds, "sequences": n, "new_tokens": new_tokens, "new_tokens_per_s": new_tokens / seconds,
              "warmup_s": warm_s, "generate_seconds": generate_s,
              "generate_new_tokens_per_s": n * args.response_len / generate_s,
-             "engine_vs_generate": generate_s / seconds, "peak_mem_gib": _gib(device, True),
+             "engine_vs_generate": generate_s / seconds, "peak_mem_gib": _gib(device, True), **one_step,
              "engine": f"rollout.engine, {str(dtype).removeprefix('torch.')}, {n} requests at once",
              "baseline": f"transformers generate, batch {n}, KV cache, eager"}
     del lm
@@ -431,7 +445,13 @@ def run(args: argparse.Namespace, clock: Clock = time.perf_counter,
     rl_total = roll["seconds"] + learn["rl"]["step_s"]
     before = total - roll["seconds"] + roll["generate_seconds"]  # the same iteration with generate's rollout
     rl_before = roll["generate_seconds"] + learn["rl"]["step_s"]
-    iteration = {"phases_s": phases, "total_s": total, "share": {k: v / total for k, v in phases.items()},
+    if "engine_1step_seconds" in roll:  # the same iteration with the one-step engine's rollout
+        one = roll["engine_1step_seconds"]
+        shares_1step = {"rollout_share_1step": one / (total - roll["seconds"] + one),
+                        "rl_rollout_share_1step": one / (one + learn["rl"]["step_s"])}
+    else:
+        shares_1step = {}
+    iteration = {"phases_s": phases, "total_s": total, "share": {k: v / total for k, v in phases.items()}, **shares_1step,
                  "rollout_share_with_generate": roll["generate_seconds"] / before,
                  "rl_rollout_share": roll["seconds"] / rl_total, "rl_rollout_share_with_generate": roll["generate_seconds"] / rl_before,
                  "teacher_prefill_copies_s": scoring["copies"]["pass_s"], "rl_iteration_s": rl_total,
@@ -514,6 +534,9 @@ def tables(r: dict[str, Any]) -> list[Any]:
                    f"{rl_phase[k]:.3f}" if k in rl_phase else "-")
     t3.add_row("total", f"{it['total_s']:.3f}", "100%", f"{it['rl_iteration_s']:.3f}")
     t3.add_row("rollout share", "", f"{100 * it['share']['rollout']:.1f}%", f"{100 * it['rl_rollout_share']:.1f}%")
+    if "rollout_share_1step" in it:
+        t3.add_row(f"rollout share with the engine one step a look, unfused ({roll['engine_1step_new_tokens_per_s']:,.0f} "
+                   "tok/s)", "", f"{100 * it['rollout_share_1step']:.1f}%", f"{100 * it['rl_rollout_share_1step']:.1f}%")
     t3.add_row(f"rollout share with {roll['baseline']} ({roll['generate_new_tokens_per_s']:,.0f} tok/s)", "",
                f"{100 * it['rollout_share_with_generate']:.1f}%", f"{100 * it['rl_rollout_share_with_generate']:.1f}%")
     t3.caption = (f"MOPD / RL iteration {it['vs_rl_iteration']:.2f}x; engine rollout {roll['engine_vs_generate']:.2f}x "
@@ -545,6 +568,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verbose", action="store_true", help="print every learner step's time")
+    p.add_argument("--skip-generate", action="store_true",
+                   help="skip the HF generate baseline of the rollout (~50 s on the H200; its shares read nan)")
+    p.add_argument("--engine-1step", action="store_true",
+                   help="also time the rollout with the engine one decode step per host look, unfused (the old engine)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     if args.tiny:

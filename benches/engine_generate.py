@@ -14,7 +14,13 @@ Three contenders on the same model and the same random prompts, in one run:
   flatters it: its step time grows with the context).
 - ``engine``: ``rollout.engine.Engine``, the turns submitted at once as requests (temperature 1, own seeds,
   no stop tokens), ``--new`` new tokens each; prefill included, warm-up (a full identical wave: CUDA
-  graph capture) excluded.
+  graph capture) excluded. ``--decode-steps`` / ``--fuse`` set its options (default: the engine's).
+- ``engine_1step`` (``--compare``): the same engine one decode step per host look and without the fused
+  kernels (``decode_steps=1, fuse=False``: the engine as it was before multi-step decoding), same run.
+
+``--parts`` (CUDA) times the pieces of a step at the largest concurrency with CUDA events: a graph replay
+of one decode step, ``sample_rows`` on its logits, one step of an 8-step ``decode_sample`` replay, with and
+without the fused kernels, and counts the kernels of one eager step (``torch.profiler``).
 
 Tokens/s counts new tokens only. ``roofline`` (CUDA): the decode roofline of bf16 weights + each
 step's KV read once at ``--hbm-tbs`` TB/s, averaged over the wave, and the engine's share of it.
@@ -119,6 +125,53 @@ def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.devi
             "steps": steps, "ms_per_step": 1000 * seconds / max(steps, 1), "warmup_s": warm_s}
 
 
+def step_parts(model: Any, n: int, length: int, device: torch.device, repeats: int = 20) -> dict[str, Any]:
+    """Milliseconds of the pieces of one decode step at ``n`` rows attending over ``length`` (CUDA events)."""
+    from rollout.engine_model import SlotModel
+    from rollout.engine_sampling import sample_rows
+
+    def timed(fn: Any) -> float:
+        fn()
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        return float(start.elapsed_time(end)) / repeats
+
+    out: dict[str, Any] = {"rows": n, "length": length}
+    tokens, pos = [1] * n, [length - 16 - (i % 64) for i in range(n)]
+    temp, top_p = [1.0] * n, [1.0] * n
+    for fuse in (False, True):
+        sm = SlotModel(model, slots=n, length=length, graphs=True, fuse=fuse)
+        tag = "fused" if fuse else "modules"
+        logits = sm.decode(tokens, pos, n, length)
+        out[f"decode_graph_ms_{tag}"] = timed(lambda: sm.decode(tokens, pos, n, length))
+        one = torch.ones(n, device=device)
+        u = torch.rand(n, dtype=torch.float64, device=device)
+        out[f"sample_rows_ms_{tag}"] = timed(lambda: sample_rows(logits, one, one, u))
+        u_KN = [[0.5] * n for _ in range(8)]
+        out[f"decode_sample8_ms_per_step_{tag}"] = timed(
+            lambda: sm.decode_sample(tokens, [p - 8 for p in pos], n, length, 8, temp, top_p, u_KN)) / 8
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            with torch.inference_mode():
+                sm._decode_body(n, length)
+            torch.cuda.synchronize(device)
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        out[f"kernels_per_step_{tag}"] = len(kernels)
+        out[f"kernel_ms_{tag}"] = sum(e.time_range.elapsed_us() for e in kernels) / 1000
+        top: dict[str, float] = {}
+        for e in kernels:
+            top[e.name[:60]] = top.get(e.name[:60], 0.0) + e.time_range.elapsed_us() / 1000
+        out[f"top_kernels_{tag}"] = sorted(top.items(), key=lambda kv: -kv[1])[:8]
+        sm.release()
+        del sm
+        torch.cuda.empty_cache()
+    return out
+
+
 def weight_sync(engine: Engine, model: Any, device: torch.device, repeats: int = 3) -> dict[str, float]:
     """Seconds for an in-process weight update (``copy_`` of a full state dict already on the device), both modes."""
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -162,6 +215,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--legacy-turns", type=int, help="turns the episode path is measured on (default 24; H200: 8)")
     ap.add_argument("--legacy-new", type=int, help="new tokens per episode-path turn (default: --new; H200: 32)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["episode", "generate"])
+    ap.add_argument("--decode-steps", type=int, help="the engine's decode_steps (default: its own, 8 on CUDA)")
+    ap.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None, help="the engine's fuse (default: on CUDA)")
+    ap.add_argument("--compare", action="store_true", help="also the engine one step at a time, unfused (engine_1step)")
+    ap.add_argument("--parts", action="store_true", help="CUDA: time the pieces of a step (see the module docstring)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
     ap.add_argument("--hbm-tbs", type=float, default=4.8)
     ap.add_argument("--seed", type=int, default=0)
@@ -185,8 +242,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model: Any = AutoModelForCausalLM.from_config(cfg)
     model = model.to(device=device, dtype=dtype).eval()
     legacy = HFPolicy(model, tok, device=device, engine=False, stop_token_ids=(), name="episode-path")
-    engine = Engine(model, max_slots=max(args.concurrency), max_len=hi + new)
+    engine = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps, fuse=args.fuse)
     engine.reserve(max(args.concurrency), hi + new)
+    old = None
+    if args.compare:
+        old = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=1, fuse=False, name="engine-1step")
+        old.reserve(max(args.concurrency), hi + new)
     rows: list[dict[str, Any]] = []
     for n in args.concurrency:
         ps = prompts(n, lo, hi, cfg.vocab_size, args.seed + n)
@@ -202,6 +263,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        if old is not None:
+            row["engine_1step"] = run_engine(old, ps, new, device)
         row["engine"] = run_engine(engine, ps, new, device)
         if h200:
             row["roofline_tokens_per_s"] = roofline(cfg, ps, new, 2, args.hbm_tbs)
@@ -211,19 +274,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         console.print(f"[dim]{json.dumps(row)}[/dim]")
     sync = weight_sync(engine, model, device)
     engine.close()
+    if old is not None:
+        old.close()
+        del old
+    parts = None
+    if args.parts and device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+        try:
+            parts = step_parts(model, max(args.concurrency), -(-(hi + new) // 256) * 256, device)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic: its failure must not lose the run's numbers
+            parts = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        console.print(f"[dim]parts: {json.dumps(parts)}[/dim]")
     table = Table(title=f"generation tokens/s ({'H200, Qwen2-0.5B shape, bf16' if h200 else 'CPU, tiny model, fp32'}; "
                         f"prompts {lo}-{hi}, {new} new tokens)")
-    for col in ("turns", "episode path", "generate", "engine", "engine / episode", "engine / generate", "ms / step",
-                "roofline share"):
+    for col in ("turns", "episode path", "generate", "engine 1-step", "engine", "engine / episode", "engine / generate",
+                "engine / 1-step", "ms / step (1-step)", "roofline share"):
         table.add_column(col, justify="right")
     for row in rows:
         e = row["engine"]["tokens_per_s"]
         ep = row.get("episode", {}).get("tokens_per_s")
         ge = row.get("generate", {}).get("tokens_per_s")
         roof = row.get("roofline_tokens_per_s")
-        table.add_row(str(row["concurrency"]), f"{ep:,.0f}" if ep else "-", f"{ge:,.0f}" if ge else "-", f"{e:,.0f}",
-                      f"{e / ep:,.1f}x" if ep else "-", f"{e / ge:,.2f}x" if ge else "-",
-                      f"{row['engine']['ms_per_step']:.1f}", f"{100 * e / roof:.1f}%" if roof else "-")
+        o = row.get("engine_1step", {})
+        oe = o.get("tokens_per_s")
+        table.add_row(str(row["concurrency"]), f"{ep:,.0f}" if ep else "-", f"{ge:,.0f}" if ge else "-",
+                      f"{oe:,.0f}" if oe else "-", f"{e:,.0f}",
+                      f"{e / ep:,.1f}x" if ep else "-", f"{e / ge:,.2f}x" if ge else "-", f"{e / oe:,.2f}x" if oe else "-",
+                      f"{row['engine']['ms_per_step']:.2f}" + (f" ({o['ms_per_step']:.2f})" if oe else ""),
+                      f"{100 * e / roof:.1f}%" if roof else "-")
     console.print(table)
     console.print(f"in-process weight update ({sync['bytes'] / 2**20:,.0f} MiB, copy_ into the engine's model): "
                   f"wait {sync['wait']:.4f} s, keep {sync['keep']:.4f} s (median of 3)")
@@ -242,6 +321,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     pass
     result = {"h200": h200, "prompt_min": lo, "prompt_max": hi, "new": new, "baseline_new": base_new,
               "legacy_turns": legacy_turns, "legacy_new": legacy_new, "rows": rows, "weight_sync_s": sync,
+              "decode_steps": args.decode_steps, "fuse": args.fuse, "parts": parts,
               "torch": torch.__version__, "device": torch.cuda.get_device_name() if h200 else "cpu"}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,11 @@ prefills the newcomers together (right-padded, in length-sorted chunks) and
 decodes every running request one token per step in one batch (continuous
 batching: a finished request frees its slot at once, a new one joins at the
 next step). On CUDA the decode step replays a CUDA graph per (batch, length)
-bucket. A request that arrives while the engine is idle waits up to
+bucket, and runs ``decode_steps`` (8) steps per replay, sampling on the device
+from each request's pre-drawn uniforms, before the host looks once: the host
+then takes each request's tokens one by one under the same rules as a single
+step and drops those past a stop (``_multi_step``). While a request feeds a
+budget's close tag the engine goes one step at a time. A request that arrives while the engine is idle waits up to
 ``admission_window_s`` (2 ms on CUDA, none on CPU) for others, so a burst of
 turns is prefilled together; later ones join the running batch at the next step.
 
@@ -56,7 +60,7 @@ from typing import Any, Literal
 
 import torch
 
-from rollout.engine_model import SlotModel, supports
+from rollout.engine_model import MAX_STEPS, SlotModel, supports
 from rollout.engine_sampling import sample_rows, uniforms
 from rollout.policy.types import FinishReason, ThinkingBudget
 
@@ -148,7 +152,10 @@ class Engine:
     thinking budgets (requests using them fail without one). ``max_slots`` /
     ``max_len``: the most requests decoded at once and the longest prompt +
     completion; the cache grows to them as needed (``reserve`` preallocates).
-    ``cuda_graphs``: None = on for CUDA models.
+    ``cuda_graphs``: None = on for CUDA models. ``decode_steps``: decode steps run on the device between two
+    looks by the host (``SlotModel.decode_sample``; None = 8 with CUDA graphs, else 1: on CPU the host is not
+    what a step waits on, and one step at a time keeps the CPU runs' numbers as they were). ``fuse``: the fused
+    pointwise kernels of ``SlotModel`` (None = on CUDA).
     """
 
     def __init__(
@@ -165,6 +172,8 @@ class Engine:
         name: str = "engine",
         tokenizer_lock: threading.Lock | None = None,
         eot_id: int | None = None,
+        decode_steps: int | None = None,
+        fuse: bool | None = None,
     ) -> None:
         if not supports(model):
             raise EngineRequestError(f"{name}: model_type {getattr(model.config, 'model_type', None)!r} is not supported")
@@ -186,7 +195,13 @@ class Engine:
         self.slot_sizes = tuple(s for s in sizes if s < self.max_slots) + ((self.max_slots,) if cuda else ())
         self.len_step = 256 if cuda else 1
         self._cap_len = -(-self.max_len // self.len_step) * self.len_step  # the cache's longest (aligned) length
-        self.slots = SlotModel(model, slots=min(8, self.max_slots), length=min(512 if cuda else 64, self.max_len), graphs=graphs)
+        self.slots = SlotModel(
+            model, slots=min(8, self.max_slots), length=min(512 if cuda else 64, self.max_len), graphs=graphs, fuse=fuse
+        )
+        steps = decode_steps if decode_steps is not None else (8 if graphs else 1)
+        if not 1 <= steps <= MAX_STEPS:
+            raise EngineRequestError(f"{name}: decode_steps must be in [1, {MAX_STEPS}], got {steps}")
+        self.decode_steps = int(steps)
         self._version = int(version)
         self._cond = threading.Condition()
         self._step = threading.Lock()  # held for every forward; a weight copy takes it between steps
@@ -199,7 +214,8 @@ class Engine:
         self._closed = False
         self._sleeping = 0
         self._ids = itertools.count()
-        self.steps = 0
+        self.steps = 0  # decode steps run
+        self.syncs = 0  # decode calls the host waited on (one per step, or per ``decode_steps`` steps)
         self.tokens_out = 0
         self._thread = threading.Thread(target=self._loop, name=f"{name}-loop", daemon=True)
         self._thread.start()
@@ -494,6 +510,10 @@ class Engine:
         top = stepping[-1].slot + 1
         batch = min(_bucket(top, self.slot_sizes), self.slots.slots)
         longest = max(lv.pos for lv in stepping) + 1
+        steps = self._steps_for(stepping, longest)
+        if steps > 1:
+            self._multi_step(stepping, top, batch, longest, steps)
+            return
         length = min(-(-longest // self.len_step) * self.len_step, self.slots.length)
         tokens, pos = [0] * top, [0] * top
         for lv in stepping:
@@ -502,10 +522,52 @@ class Engine:
             lv.pos += 1
         logits_BV = self.slots.decode(tokens, pos, batch, length)
         self.steps += 1
+        self.syncs += 1
         ready = [lv for lv in stepping if not lv.feed]
         if ready:
             rows = torch.tensor([lv.slot for lv in ready], device=logits_BV.device)
             self._use(ready, logits_BV.index_select(0, rows))
+
+    def _steps_for(self, stepping: list[_Live], longest: int) -> int:
+        """How many decode steps the next call may run before the host looks (1: one step, as always).
+
+        Several only when every row feeds exactly one token (none is feeding a budget's close tag), and no more
+        than the longest remaining turn needs or the cache holds; a power of two, so few graphs are captured."""
+        if self.decode_steps <= 1 or any(len(lv.feed) != 1 for lv in stepping):
+            return 1
+        left = max(lv.req.max_new_tokens - len(lv.out) for lv in stepping)
+        room = self.slots.length - longest + 1
+        cap = min(self.decode_steps, left, room)
+        return 1 << (cap.bit_length() - 1) if cap >= 1 else 1
+
+    def _multi_step(self, stepping: list[_Live], top: int, batch: int, longest: int, steps: int) -> None:
+        """``steps`` decode steps with sampling on the device, then every row's tokens taken one at a time exactly
+        as ``_use`` takes a sampled token: a row that stops (or whose budget closes) mid-way keeps the tokens up to
+        that point and the rest are dropped (their cache entries lie past its position: masked, then overwritten)."""
+        length = min(-(-(longest + steps - 1) // self.len_step) * self.len_step, self.slots.length)
+        tokens, pos = [0] * top, [0] * top
+        temp, top_p = [0.0] * top, [1.0] * top
+        u_KN = [[0.0] * top for _ in range(steps)]
+        for lv in stepping:
+            tokens[lv.slot], pos[lv.slot] = lv.feed[0], lv.pos
+            temp[lv.slot], top_p[lv.slot] = lv.req.temperature, lv.req.top_p
+            for k in range(min(steps, len(lv.u) - lv.sampled)):
+                u_KN[k][lv.slot] = lv.u[lv.sampled + k]
+        token_KB, logp_KB = self.slots.decode_sample(tokens, pos, batch, length, steps, temp, top_p, u_KN)
+        tokens_KB, logps_KB = token_KB.tolist(), logp_KB.tolist()  # the one host sync of these steps
+        self.steps += steps
+        self.syncs += 1
+        version = self._version
+        for lv in stepping:
+            if lv.fut.cancelled():
+                lv.finish = FinishReason.ABORT
+                self._release(lv)
+                continue
+            for k in range(steps):
+                lv.feed = []
+                lv.pos += 1
+                if self._force_close(lv, version) or not self._accept(lv, tokens_KB[k][lv.slot], logps_KB[k][lv.slot], version):
+                    break
 
     def _use(self, ready: list[_Live], logits_NV: torch.Tensor) -> None:
         """Sample (or insert the budget's close tag) for every request of ``ready`` (row i of ``logits_NV``)."""
@@ -517,20 +579,7 @@ class Engine:
                 lv.finish = FinishReason.ABORT
                 self._release(lv)
                 continue
-            b = lv.req.budget
-            if b is not None and lv.inside and lv.thinking >= b.max_thinking_tokens:
-                forced = lv.close_ids[: lv.req.max_new_tokens - len(lv.out)]
-                lv.out += forced
-                lv.mask += [0] * len(forced)
-                lv.logps += [0.0] * len(forced)
-                lv.versions += [version] * len(forced)
-                lv.closed, lv.inside = True, False
-                if len(lv.out) >= lv.req.max_new_tokens:
-                    lv.finish = FinishReason.BUDGET
-                    self._complete(lv)
-                    continue
-                lv.text = self._decode(lv.out)
-                lv.feed = list(forced)
+            if self._force_close(lv, version):
                 continue
             sample.append(lv)
             rows.append(i)
@@ -542,34 +591,57 @@ class Engine:
         top_p_N = torch.tensor([lv.req.top_p for lv in sample], dtype=torch.float32)
         u_N = torch.tensor([lv.u[lv.sampled] for lv in sample], dtype=torch.float64)
         token_N, logp_N = sample_rows(logits_NV, temp_N, top_p_N, u_N)
-        tokens, logps = token_N.tolist(), logp_N.tolist()
-        for lv, token, logp in zip(sample, tokens, logps):
-            lv.out.append(token)
-            lv.mask.append(1)
-            lv.logps.append(logp)
-            lv.versions.append(version)
-            lv.sampled += 1
-            lv.thinking += int(lv.inside)
-            self.tokens_out += 1
-            req = lv.req
-            if token in req.stop_token_ids:
+        for lv, token, logp in zip(sample, token_N.tolist(), logp_N.tolist()):
+            self._accept(lv, token, logp, version)
+
+    def _force_close(self, lv: _Live, version: int) -> bool:
+        """The thinking budget is spent: the close tag is the next tokens (fed one a step), not a sample."""
+        b = lv.req.budget
+        if b is None or not lv.inside or lv.thinking < b.max_thinking_tokens:
+            return False
+        forced = lv.close_ids[: lv.req.max_new_tokens - len(lv.out)]
+        lv.out += forced
+        lv.mask += [0] * len(forced)
+        lv.logps += [0.0] * len(forced)
+        lv.versions += [version] * len(forced)
+        lv.closed, lv.inside = True, False
+        if len(lv.out) >= lv.req.max_new_tokens:
+            lv.finish = FinishReason.BUDGET
+            self._complete(lv)
+            return True
+        lv.text = self._decode(lv.out)
+        lv.feed = list(forced)
+        return True
+
+    def _accept(self, lv: _Live, token: int, logp: float, version: int) -> bool:
+        """Append a sampled token and apply the stop rules; whether the request goes on (its ``feed`` is the token)."""
+        lv.out.append(token)
+        lv.mask.append(1)
+        lv.logps.append(logp)
+        lv.versions.append(version)
+        lv.sampled += 1
+        lv.thinking += int(lv.inside)
+        self.tokens_out += 1
+        req = lv.req
+        if token in req.stop_token_ids:
+            lv.finish = FinishReason.STOP
+        elif req.stop or req.budget is not None:
+            before = len(lv.text)
+            lv.text = self._decode(lv.out)
+            longest = max((len(s) for s in req.stop if s), default=0)
+            window = lv.text[max(0, before - longest) :]
+            if any(s and s in window for s in req.stop):
                 lv.finish = FinishReason.STOP
-            elif req.stop or req.budget is not None:
-                before = len(lv.text)
-                lv.text = self._decode(lv.out)
-                longest = max((len(s) for s in req.stop if s), default=0)
-                window = lv.text[max(0, before - longest) :]
-                if any(s and s in window for s in req.stop):
-                    lv.finish = FinishReason.STOP
-                elif req.budget is not None:
-                    full = lv.tail + lv.text
-                    lv.inside = full.rfind(req.budget.open_tag) > full.rfind(req.budget.close_tag)
-            if lv.finish is None and len(lv.out) >= req.max_new_tokens:
-                lv.finish = FinishReason.LENGTH
-            if lv.finish is not None:
-                self._complete(lv)
-            else:
-                lv.feed = [token]
+            elif req.budget is not None:
+                full = lv.tail + lv.text
+                lv.inside = full.rfind(req.budget.open_tag) > full.rfind(req.budget.close_tag)
+        if lv.finish is None and len(lv.out) >= req.max_new_tokens:
+            lv.finish = FinishReason.LENGTH
+        if lv.finish is not None:
+            self._complete(lv)
+            return False
+        lv.feed = [token]
+        return True
 
     def _release(self, lv: _Live) -> None:
         with self._cond:

@@ -12,6 +12,11 @@ rule a row follows depends only on its own ``top_p``.
 The reported logprob is ``HFPolicy``'s: the fp32 log-softmax of the logits at
 the row's temperature over the full vocabulary (before top-p); greedy rows
 (``temperature == 0``) take the argmax and report the temperature-1 logprob.
+
+``sample_rows`` picks the rows of each rule with ``nonzero`` (a host sync);
+``sample_static`` computes every rule for every row and selects, with no sync
+and no data-dependent shape, so a CUDA graph can hold it (the engine's
+multi-step decode). Row for row the two do the same arithmetic.
 """
 
 from __future__ import annotations
@@ -61,4 +66,25 @@ def sample_rows(
     return token_N, logp_NV.gather(-1, token_N.unsqueeze(-1)).squeeze(-1)
 
 
-__all__ = ["sample_rows", "uniforms"]
+def sample_static(
+    logits_NV: torch.Tensor, temperature_N: torch.Tensor, top_p_N: torch.Tensor, u_N: torch.Tensor, nucleus: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample_rows`` without a host sync (CUDA-graph safe); ``nucleus=False`` treats every row as ``top_p == 1``
+    (the caller passes True whenever a row has ``top_p < 1``: the sort over the vocabulary is then paid for all)."""
+    logits_NV = logits_NV.float()
+    greedy_N = temperature_N <= 0
+    scaled_NV = logits_NV / torch.where(greedy_N, torch.ones_like(temperature_N), temperature_N).unsqueeze(-1)
+    logp_NV = torch.log_softmax(scaled_NV, dim=-1)
+    probs_NV = logp_NV.exp()
+    token_N = _inverse_cdf(probs_NV, u_N)
+    if nucleus:
+        sorted_NV, order_NV = torch.sort(probs_NV, dim=-1, descending=True, stable=True)
+        before_NV = torch.cumsum(sorted_NV, dim=-1) - sorted_NV
+        kept_NV = sorted_NV * (before_NV < top_p_N.unsqueeze(-1))
+        nuc_N = order_NV.gather(-1, _inverse_cdf(kept_NV, u_N).unsqueeze(-1)).squeeze(-1)
+        token_N = torch.where(top_p_N < 1, nuc_N, token_N)
+    token_N = torch.where(greedy_N, torch.argmax(logits_NV, dim=-1), token_N)
+    return token_N, logp_NV.gather(-1, token_N.unsqueeze(-1)).squeeze(-1)
+
+
+__all__ = ["sample_rows", "sample_static", "uniforms"]

@@ -1,0 +1,154 @@
+"""Multi-step decode (several steps on the device, one host look) and the fused kernels give one-step's outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from rollout.engine import Engine, EngineRequest
+from rollout.engine_model import SlotModel
+from rollout.engine_sampling import sample_rows, sample_static
+from rollout.policy.models import tiny_model
+from rollout.policy.types import FinishReason, ThinkingBudget
+
+pytestmark = pytest.mark.unit
+
+
+def _prompts(tok: Any, n: int) -> list[list[int]]:
+    texts = ["List the files.", "Count the lines of a.txt, please.", "hi", "Write the word blue to out.txt and stop now."]
+    return [tok.encode(texts[i % len(texts)] + " x" * (i % 5)) for i in range(n)]
+
+
+@pytest.fixture()
+def engines(tiny: Any) -> Iterator[dict[str, Engine]]:
+    model, tok = tiny_model(seed=0, tokenizer=tiny[1])
+    made = {
+        "one": Engine(model, tok, admission_window_s=0.05),
+        "multi": Engine(model, tok, admission_window_s=0.05, decode_steps=8),
+        "multi_fused": Engine(model, tok, admission_window_s=0.05, decode_steps=4, fuse=True),
+    }
+    assert made["one"].decode_steps == 1 and not made["one"].slots.fuse  # the CPU default: one step, the modules
+    assert made["multi_fused"].slots.fuse
+    yield made
+    for e in made.values():
+        e.close()
+
+
+def _run(engine: Engine, reqs: list[EngineRequest]) -> list[Any]:
+    return [f.result(60) for f in [engine.submit(r) for r in reqs]]
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.0, 1.0), (1.0, 1.0), (0.8, 0.9)])
+def test_multi_step_samples_what_one_step_samples(engines: dict[str, Engine], tiny: Any, recompute: Any,
+                                                  temperature: float, top_p: float) -> None:
+    reqs = [EngineRequest(prompt_ids=p, max_new_tokens=13 + 3 * i, temperature=temperature, top_p=top_p, seed=40 + i)
+            for i, p in enumerate(_prompts(tiny[1], 6))]
+    want = _run(engines["one"], reqs)
+    for name in ("multi", "multi_fused"):
+        got = _run(engines[name], reqs)
+        for a, b, r in zip(want, got, reqs, strict=True):
+            assert b.token_ids == a.token_ids and len(b.token_ids) == r.max_new_tokens, name
+            assert b.finish_reason is FinishReason.LENGTH and b.versions == (0,) * len(b.token_ids)
+            expected = recompute(engines[name].model, list(r.prompt_ids), b.token_ids, temperature)
+            assert max(abs(x - y) for x, y in zip(b.logprobs, expected, strict=True)) < 1e-5, name
+    assert engines["multi"].syncs < engines["one"].syncs / 3  # it did run several steps per host look
+
+
+def test_stops_land_mid_chunk(engines: dict[str, Engine], tiny: Any) -> None:
+    tok = tiny[1]
+    p = _prompts(tok, 1)[0]
+    free = engines["one"].generate_sync(EngineRequest(prompt_ids=p, max_new_tokens=30, seed=5))
+    stop = tok.decode(list(free.token_ids[10:13]))[1:]  # completed by token 12: the middle of the second 8-step chunk
+    assert stop and stop not in tok.decode(list(free.token_ids[:12]))
+    eot_like = free.token_ids[5]
+    first = free.token_ids.index(eot_like)
+    cases = [
+        EngineRequest(prompt_ids=p, max_new_tokens=30, seed=5, stop=("never-there", stop)),
+        EngineRequest(prompt_ids=p, max_new_tokens=30, seed=5, stop_token_ids=frozenset({eot_like})),
+        EngineRequest(prompt_ids=p, max_new_tokens=11, seed=5),  # max tokens mid-chunk
+    ]
+    for name in ("one", "multi", "multi_fused"):
+        outs = _run(engines[name], cases)
+        assert outs[0].finish_reason is FinishReason.STOP and outs[0].token_ids == free.token_ids[:13], name
+        assert outs[1].finish_reason is FinishReason.STOP and outs[1].token_ids == free.token_ids[: first + 1], name
+        assert outs[2].finish_reason is FinishReason.LENGTH and outs[2].token_ids == free.token_ids[:11], name
+        assert outs[0].logprobs == pytest.approx(free.logprobs[:13], abs=1e-5)
+
+
+@pytest.mark.parametrize("budget", [0, 5, 11])
+def test_thinking_budget_closes_at_the_same_token(engines: dict[str, Engine], tiny: Any, budget: int) -> None:
+    tok = tiny[1]
+    ids = _prompts(tok, 1)[0] + tok.encode("<think>", add_special_tokens=False)
+    reqs = [EngineRequest(prompt_ids=ids, max_new_tokens=n, seed=2, budget=ThinkingBudget(budget)) for n in (budget + 1, 24)]
+    want = _run(engines["one"], reqs)
+    assert want[1].budget_closed and want[1].thinking_tokens == budget
+    for name in ("multi", "multi_fused"):
+        got = _run(engines[name], reqs)
+        for a, b in zip(want, got, strict=True):
+            assert (b.token_ids, b.sampled_mask, b.finish_reason, b.thinking_tokens) == (
+                a.token_ids, a.sampled_mask, a.finish_reason, a.thinking_tokens), name
+            assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+
+
+def test_a_request_joining_a_running_batch_samples_what_it_samples_alone(engines: dict[str, Engine], tiny: Any) -> None:
+    engine = engines["multi"]
+    ps = _prompts(tiny[1], 4)
+    long_runs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=60, seed=i)) for i, p in enumerate(ps[:3])]
+    while engine.tokens_out < 20:
+        pass
+    late = engine.submit(EngineRequest(prompt_ids=ps[3], max_new_tokens=17, temperature=0.7, seed=9)).result(60)
+    [f.result(60) for f in long_runs]
+    alone = engines["one"].generate_sync(EngineRequest(prompt_ids=ps[3], max_new_tokens=17, temperature=0.7, seed=9))
+    assert late.token_ids == alone.token_ids
+
+
+def test_fused_step_and_static_sampler_match_the_modules_and_sample_rows(tiny: Any) -> None:
+    model, tok = tiny_model(seed=0, tokenizer=tiny[1])
+    plain = SlotModel(model, slots=4, length=64, fuse=False)
+    fused = SlotModel(model, slots=4, length=64, fuse=True)
+    prompts = _prompts(tok, 4)
+    for sm in (plain, fused):
+        sm.prefill([0, 1, 2, 3], prompts)
+    pos = [len(p) for p in prompts]
+    a = plain.decode([5, 6, 7, 8], pos, 4, 64)
+    b = fused.decode([5, 6, 7, 8], pos, 4, 64)
+    assert (a - b).abs().max().item() < 1e-5
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 50, generator=g) * 3
+    temp = torch.tensor([0.0, 1.0, 0.7, 1.0, 1.3])
+    top_p = torch.tensor([1.0, 1.0, 0.9, 0.5, 1.0])
+    u = torch.rand(5, generator=g, dtype=torch.float64)
+    want = sample_rows(logits, temp, top_p, u)
+    got = sample_static(logits, temp, top_p, u, nucleus=True)
+    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+    plain_rows = top_p >= 1
+    got_plain = sample_static(logits, temp, top_p, u, nucleus=False)
+    assert torch.equal(want[0][plain_rows], got_plain[0][plain_rows])
+
+
+def test_keep_update_and_abort_between_host_looks(tiny: Any, recompute: Any) -> None:
+    model, tok = tiny_model(seed=0, tokenizer=tiny[1])
+    engine = Engine(model, tok, decode_steps=8)
+    try:
+        p = _prompts(tok, 1)[0]
+        fut = engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=400, seed=3))
+        while engine.tokens_out < 9:
+            pass
+        other, _ = tiny_model(seed=5, tokenizer=tok)
+        engine.update_weights(other.state_dict(), version=1, mode="keep")
+        out = fut.result(60)
+        split = out.versions.index(1)
+        assert 0 < split < 400 and out.versions == (0,) * split + (1,) * (400 - split)
+        old, _ = tiny_model(seed=0, tokenizer=tok)
+        assert max(abs(a - b) for a, b in zip(out.logprobs[:split], recompute(old, p, out.token_ids, 1.0)[:split])) < 1e-5
+        fut = engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=400, seed=3))
+        while engine.tokens_out < 400 + 9:
+            pass
+        engine.pause("abort")
+        aborted = fut.result(30)
+        assert aborted.finish_reason is FinishReason.ABORT and 0 < len(aborted.token_ids) < 400
+    finally:
+        engine.close()
