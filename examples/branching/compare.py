@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from examples.seed_sweep.seeds import load_summary, seed_rows
+from examples.seed_sweep.seeds import load_summary, save_png, seed_rows
 
 __all__ = ["ArmCost", "PairRow", "arm_cost", "pair_rows", "plot_pairs", "verdict"]
 
@@ -118,11 +118,7 @@ def plot_pairs(plain: list[dict[str, Any]], tree: list[dict[str, Any]], path: Pa
             ylabel="pass rate", ylim=(-0.02, 1.02))
     for ax in (ax0, ax1):
         ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
 
 
 def _print(rows: list[PairRow]) -> None:

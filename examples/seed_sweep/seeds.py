@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SeedRow", "criterion_holds", "load_summary", "plot_band", "seed_rows"]
+__all__ = ["SeedRow", "criterion_holds", "load_summary", "plot_band", "save_png", "seed_rows"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,17 @@ def _band(series: list[list[tuple[int, float]]]) -> tuple[list[int], list[float]
     return xs, mean, lo, hi
 
 
+def save_png(fig: Any, path: Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` (its folder made) at the sweep's resolution, and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_band(summaries: list[dict[str, Any]], path: Path) -> Path:
     import matplotlib
 
@@ -135,11 +146,7 @@ def plot_band(summaries: list[dict[str, Any]], path: Path) -> Path:
         ax1.fill_between(xs, lo, hi, color="tab:blue", alpha=0.2, label="training rollouts (range)")
     ax1.set(title="RL rollout pass rate (verifier)", xlabel="RL iteration", ylabel="pass rate", ylim=(-0.02, 1.02))
     ax1.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
 
 
 def _print_table(rows: list[SeedRow]) -> None:
