@@ -111,18 +111,24 @@ def run_generate(model: Any, ps: list[list[int]], new: int, device: torch.device
 
 def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.device) -> dict[str, Any]:
     def wave(seed: int) -> tuple[float, int, int]:
-        steps0 = engine.steps
+        steps0, phases0 = engine.steps, dict(engine.phase_s)
         t0 = time.perf_counter()
         futs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=new, temperature=1.0, seed=seed + i))
                 for i, p in enumerate(ps)]
         outs = [f.result() for f in futs]
         _sync(device)
-        return time.perf_counter() - t0, sum(len(o.token_ids) for o in outs), engine.steps - steps0
+        seconds = time.perf_counter() - t0
+        phases.clear()
+        phases.update({k: v - phases0[k] for k, v in engine.phase_s.items()})
+        return seconds, sum(len(o.token_ids) for o in outs), engine.steps - steps0
 
+    phases: dict[str, float] = {}
     warm_s, _, _ = wave(10_000)  # graph capture for every (batch, length) bucket the wave meets
     seconds, tokens, steps = wave(0)
+    # where the engine thread's wall went in the timed wave: prefill, waiting on decode calls, host work (and idle)
+    phases["idle"] = max(seconds - sum(phases.values()), 0.0)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "turns": len(ps), "new": new,
-            "steps": steps, "ms_per_step": 1000 * seconds / max(steps, 1), "warmup_s": warm_s}
+            "steps": steps, "ms_per_step": 1000 * seconds / max(steps, 1), "warmup_s": warm_s, "phases_s": phases}
 
 
 def step_parts(model: Any, n: int, length: int, device: torch.device, repeats: int = 20) -> dict[str, Any]:
@@ -282,11 +288,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gc.collect()
         torch.cuda.empty_cache()
         try:
-            parts = step_parts(model, max(args.concurrency), -(-(hi + new) // 256) * 256, device)
+            parts = {n: step_parts(model, n, -(-(hi + new) // 256) * 256, device) for n in args.concurrency}
         except Exception as exc:  # noqa: BLE001 - a diagnostic: its failure must not lose the run's numbers
             parts = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         console.print(f"[dim]parts: {json.dumps(parts)}[/dim]")
-    table = Table(title=f"generation tokens/s ({'H200, Qwen2-0.5B shape, bf16' if h200 else 'CPU, tiny model, fp32'}; "
+    where = f"{torch.cuda.get_device_name()}, Qwen2-0.5B shape, bf16" if h200 else "CPU, tiny model, fp32"
+    table = Table(title=f"generation tokens/s ({where}; "
                         f"prompts {lo}-{hi}, {new} new tokens)")
     for col in ("turns", "episode path", "generate", "engine 1-step", "engine", "engine / episode", "engine / generate",
                 "engine / 1-step", "ms / step (1-step)", "roofline share"):
@@ -304,6 +311,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       f"{row['engine']['ms_per_step']:.2f}" + (f" ({o['ms_per_step']:.2f})" if oe else ""),
                       f"{100 * e / roof:.1f}%" if roof else "-")
     console.print(table)
+    phase_table = Table(title="the engine thread's wall in the timed wave, seconds (decode: waiting on decode calls)")
+    for col in ("turns", "contender", "wall", "prefill", "decode", "host", "idle", "decode ms / step"):
+        phase_table.add_column(col, justify="right")
+    for row in rows:
+        for name in ("engine_1step", "engine"):
+            if name in row:
+                r, ph = row[name], row[name]["phases_s"]
+                phase_table.add_row(str(row["concurrency"]), name, f"{r['seconds']:.3f}",
+                                    *(f"{ph[k]:.3f}" for k in ("prefill", "decode", "host", "idle")),
+                                    f"{1000 * ph['decode'] / max(r['steps'], 1):.2f}")
+    console.print(phase_table)
     console.print(f"in-process weight update ({sync['bytes'] / 2**20:,.0f} MiB, copy_ into the engine's model): "
                   f"wait {sync['wait']:.4f} s, keep {sync['keep']:.4f} s (median of 3)")
     if h200:

@@ -217,6 +217,10 @@ class Engine:
         self.steps = 0  # decode steps run
         self.syncs = 0  # decode calls the host waited on (one per step, or per ``decode_steps`` steps)
         self.tokens_out = 0
+        # Wall seconds of the engine thread by phase (benches read them): prefilling newcomers (and sampling their
+        # first token), waiting on decode calls (launch to the host's copy of the tokens), and the host's own work
+        # around them (building a call's inputs, taking its tokens under the stop rules).
+        self.phase_s = {"prefill": 0.0, "decode": 0.0, "host": 0.0}
         self._thread = threading.Thread(target=self._loop, name=f"{name}-loop", daemon=True)
         self._thread.start()
 
@@ -484,6 +488,7 @@ class Engine:
             self._start_text(live)
             fresh.append(live)
         if fresh:
+            t_prefill = time.perf_counter()
             need = max(self._running) + 1
             longest = max(len(lv.ids) + lv.req.max_new_tokens for lv in fresh)
             length = 1 << max(longest - 1, 1).bit_length() if self.len_step > 1 else longest
@@ -504,6 +509,7 @@ class Engine:
                 for lv in chunk:
                     lv.pos = len(lv.ids)
                 self._use(chunk, logits_NV)
+            self.phase_s["prefill"] += time.perf_counter() - t_prefill
         stepping = sorted((lv for lv in self._running.values() if lv.finish is None and lv.feed), key=lambda lv: lv.slot)
         if not stepping or self._held:
             return
@@ -514,19 +520,24 @@ class Engine:
         if steps > 1:
             self._multi_step(stepping, top, batch, longest, steps)
             return
+        t0 = time.perf_counter()
         length = min(-(-longest // self.len_step) * self.len_step, self.slots.length)
         tokens, pos = [0] * top, [0] * top
         for lv in stepping:
             tokens[lv.slot] = lv.feed.pop(0)
             pos[lv.slot] = lv.pos
             lv.pos += 1
+        t1 = time.perf_counter()
         logits_BV = self.slots.decode(tokens, pos, batch, length)
         self.steps += 1
         self.syncs += 1
         ready = [lv for lv in stepping if not lv.feed]
         if ready:
             rows = torch.tensor([lv.slot for lv in ready], device=logits_BV.device)
-            self._use(ready, logits_BV.index_select(0, rows))
+            self._use(ready, logits_BV.index_select(0, rows))  # samples and syncs: counted as the decode's wait
+        t2 = time.perf_counter()
+        self.phase_s["host"] += t1 - t0
+        self.phase_s["decode"] += t2 - t1
 
     def _steps_for(self, stepping: list[_Live], longest: int) -> int:
         """How many decode steps the next call may run before the host looks (1: one step, as always).
@@ -544,6 +555,7 @@ class Engine:
         """``steps`` decode steps with sampling on the device, then every row's tokens taken one at a time exactly
         as ``_use`` takes a sampled token: a row that stops (or whose budget closes) mid-way keeps the tokens up to
         that point and the rest are dropped (their cache entries lie past its position: masked, then overwritten)."""
+        t0 = time.perf_counter()
         length = min(-(-(longest + steps - 1) // self.len_step) * self.len_step, self.slots.length)
         tokens, pos = [0] * top, [0] * top
         temp, top_p = [0.0] * top, [1.0] * top
@@ -553,8 +565,10 @@ class Engine:
             temp[lv.slot], top_p[lv.slot] = lv.req.temperature, lv.req.top_p
             for k in range(min(steps, len(lv.u) - lv.sampled)):
                 u_KN[k][lv.slot] = lv.u[lv.sampled + k]
+        t1 = time.perf_counter()
         token_KB, logp_KB = self.slots.decode_sample(tokens, pos, batch, length, steps, temp, top_p, u_KN)
         tokens_KB, logps_KB = token_KB.tolist(), logp_KB.tolist()  # the one host sync of these steps
+        t2 = time.perf_counter()
         self.steps += steps
         self.syncs += 1
         version = self._version
@@ -568,6 +582,8 @@ class Engine:
                 lv.pos += 1
                 if self._force_close(lv, version) or not self._accept(lv, tokens_KB[k][lv.slot], logps_KB[k][lv.slot], version):
                     break
+        self.phase_s["host"] += (t1 - t0) + (time.perf_counter() - t2)
+        self.phase_s["decode"] += t2 - t1
 
     def _use(self, ready: list[_Live], logits_NV: torch.Tensor) -> None:
         """Sample (or insert the budget's close tag) for every request of ``ready`` (row i of ``logits_NV``)."""
