@@ -14,13 +14,16 @@ Three contenders on the same model and the same random prompts, in one run:
   flatters it: its step time grows with the context).
 - ``engine``: ``rollout.engine.Engine``, the turns submitted at once as requests (temperature 1, own seeds,
   no stop tokens), ``--new`` new tokens each; prefill included, warm-up (a full identical wave: CUDA
-  graph capture) excluded. ``--decode-steps`` / ``--fuse`` set its options (default: the engine's).
-- ``engine_1step`` (``--compare``): the same engine one decode step per host look and without the fused
-  kernels (``decode_steps=1, fuse=False``: the engine as it was before multi-step decoding), same run.
+  graph capture) excluded. ``--decode-steps`` / ``--fuse`` / ``--attention`` set its options (default: the
+  engine's).
+- ``engine_1step`` (``--compare``): the same engine one decode step per host look, without the fused
+  kernels and with SDPA attention (``decode_steps=1, fuse=False, attention="sdpa"``: the engine as it was
+  before multi-step decoding), same run.
 
-``--parts`` (CUDA) times the pieces of a step at the largest concurrency with CUDA events: a graph replay
-of one decode step, ``sample_rows`` on its logits, one step of an 8-step ``decode_sample`` replay, with and
-without the fused kernels, and counts the kernels of one eager step (``torch.profiler``).
+``--parts`` (CUDA) times the pieces of a step at every concurrency with CUDA events: a graph replay of one
+decode step, ``sample_rows`` on its logits, one step of an 8-step ``decode_sample`` replay, for the modules
+with SDPA, the fused kernels with SDPA and the fused kernels with the split-K attention, and counts the
+kernels of one eager step (``torch.profiler``).
 
 Tokens/s counts new tokens only. ``roofline`` (CUDA): the decode roofline of bf16 weights + each
 step's KV read once at ``--hbm-tbs`` TB/s, averaged over the wave, and the engine's share of it.
@@ -150,9 +153,8 @@ def step_parts(model: Any, n: int, length: int, device: torch.device, repeats: i
     out: dict[str, Any] = {"rows": n, "length": length}
     tokens, pos = [1] * n, [length - 16 - (i % 64) for i in range(n)]
     temp, top_p = [1.0] * n, [1.0] * n
-    for fuse in (False, True):
-        sm = SlotModel(model, slots=n, length=length, graphs=True, fuse=fuse)
-        tag = "fused" if fuse else "modules"
+    for tag, fuse, attention in (("modules", False, "sdpa"), ("fused", True, "sdpa"), ("fused_triton", True, "triton")):
+        sm = SlotModel(model, slots=n, length=length, graphs=True, fuse=fuse, attention=attention)
         logits = sm.decode(tokens, pos, n, length)
         out[f"decode_graph_ms_{tag}"] = timed(lambda: sm.decode(tokens, pos, n, length))
         one = torch.ones(n, device=device)
@@ -223,6 +225,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--skip", nargs="*", default=[], choices=["episode", "generate"])
     ap.add_argument("--decode-steps", type=int, help="the engine's decode_steps (default: its own, 8 on CUDA)")
     ap.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None, help="the engine's fuse (default: on CUDA)")
+    ap.add_argument("--attention", choices=["sdpa", "triton"], help="the engine's decode attention (default: its own)")
     ap.add_argument("--compare", action="store_true", help="also the engine one step at a time, unfused (engine_1step)")
     ap.add_argument("--parts", action="store_true", help="CUDA: time the pieces of a step (see the module docstring)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
@@ -248,11 +251,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model: Any = AutoModelForCausalLM.from_config(cfg)
     model = model.to(device=device, dtype=dtype).eval()
     legacy = HFPolicy(model, tok, device=device, engine=False, stop_token_ids=(), name="episode-path")
-    engine = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps, fuse=args.fuse)
+    engine = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps, fuse=args.fuse,
+                    attention=args.attention)
     engine.reserve(max(args.concurrency), hi + new)
     old = None
     if args.compare:
-        old = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=1, fuse=False, name="engine-1step")
+        old = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=1, fuse=False, attention="sdpa",
+                     name="engine-1step")
         old.reserve(max(args.concurrency), hi + new)
     rows: list[dict[str, Any]] = []
     for n in args.concurrency:
@@ -283,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if old is not None:
         old.close()
         del old
-    parts = None
+    parts: dict[Any, Any] | None = None
     if args.parts and device.type == "cuda":
         gc.collect()
         torch.cuda.empty_cache()

@@ -155,7 +155,8 @@ class Engine:
     ``cuda_graphs``: None = on for CUDA models. ``decode_steps``: decode steps run on the device between two
     looks by the host (``SlotModel.decode_sample``; None = 8 with CUDA graphs, else 1: on CPU the host is not
     what a step waits on, and one step at a time keeps the CPU runs' numbers as they were). ``fuse``: the fused
-    pointwise kernels of ``SlotModel`` (None = on CUDA).
+    pointwise kernels of ``SlotModel`` (None = on CUDA). ``attention``: the decode attention, ``"triton"`` (the
+    split-K kernels of ``rollout.engine_attention``) or ``"sdpa"`` (None = Triton on CUDA with a 16-bit model).
     """
 
     def __init__(
@@ -174,6 +175,7 @@ class Engine:
         eot_id: int | None = None,
         decode_steps: int | None = None,
         fuse: bool | None = None,
+        attention: str | None = None,
     ) -> None:
         if not supports(model):
             raise EngineRequestError(f"{name}: model_type {getattr(model.config, 'model_type', None)!r} is not supported")
@@ -196,7 +198,8 @@ class Engine:
         self.len_step = 256 if cuda else 1
         self._cap_len = -(-self.max_len // self.len_step) * self.len_step  # the cache's longest (aligned) length
         self.slots = SlotModel(
-            model, slots=min(8, self.max_slots), length=min(512 if cuda else 64, self.max_len), graphs=graphs, fuse=fuse
+            model, slots=min(8, self.max_slots), length=min(512 if cuda else 64, self.max_len), graphs=graphs, fuse=fuse,
+            attention=attention,
         )
         steps = decode_steps if decode_steps is not None else (8 if graphs else 1)
         if not 1 <= steps <= MAX_STEPS:

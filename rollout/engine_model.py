@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rollout import engine_attention
 from rollout.engine_sampling import sample_static
 
 SUPPORTED = ("qwen2", "qwen3", "llama", "mistral")
@@ -107,7 +108,10 @@ class SlotModel:
     weights copied in place (``copy_``) stay valid for captured graphs.
     """
 
-    def __init__(self, model: Any, *, slots: int, length: int, graphs: bool = False, fuse: bool | None = None) -> None:
+    def __init__(
+        self, model: Any, *, slots: int, length: int, graphs: bool = False, fuse: bool | None = None,
+        attention: str | None = None,
+    ) -> None:
         if not supports(model):
             raise ValueError(f"SlotModel: model_type {getattr(model.config, 'model_type', None)!r} is not one of {SUPPORTED}")
         self.model = model
@@ -133,6 +137,13 @@ class SlotModel:
         if self.fuse and self.device.type == "cuda":
             fns = tuple(torch.compile(f, dynamic=True, fullgraph=True) for f in fns)
         self._rms, self._add_rms, self._rope, self._swiglu = fns
+        if attention not in (None, "sdpa", "triton"):
+            raise ValueError(f"SlotModel: attention must be 'sdpa' or 'triton', got {attention!r}")
+        # decode attention: the split-K kernels (``rollout.engine_attention``) by default where they run, else SDPA
+        self.attention = attention or (
+            "triton" if engine_attention.available(self.device, self.dtype, self.head_dim) else "sdpa")
+        if self.attention == "triton" and not engine_attention.shape_ok(self.head_dim):
+            raise ValueError(f"SlotModel: attention='triton' takes head_dim a power of two in [16, 256], got {self.head_dim}")
         self.slots = 0
         self.length = 0
         self.k: list[torch.Tensor] = []
@@ -210,9 +221,8 @@ class SlotModel:
         masks: dict[int, torch.Tensor] = {}
         for win in {w for w in self.windows if w is not None}:  # right padding: causal alone never sees a pad
             masks[win] = (i_T[None, :] <= i_T[:, None]) & (i_T[None, :] > i_T[:, None] - win)
-        for li, layer in enumerate(self.layers):
-            residual = h
-            q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), cos, sin)
+
+        def attend(li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.k[li][slot_N, :, :t] = k
             self.v[li][slot_N, :, :t] = v
             w = self.windows[li]
@@ -220,13 +230,56 @@ class SlotModel:
                 q, k, v, attn_mask=masks[w] if w is not None else None, is_causal=w is None, scale=self.scale,
                 enable_gqa=self.groups > 1,
             )
-            h = self._finish_layer(layer, residual, o.transpose(1, 2).reshape(n, t, -1))
+            return o.transpose(1, 2).reshape(n, t, -1)
+
+        if self.fuse:
+            return self._fused_logits(self._fused_layers(h, cos, sin, attend)[torch.arange(n, device=self.device), last_N])
+        for li, layer in enumerate(self.layers):
+            residual = h
+            q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), cos, sin)
+            h = self._finish_layer(layer, residual, attend(li, q, k, v))
         return self._logits(h[torch.arange(n, device=self.device), last_N])
+
+    def _fused_layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Any) -> torch.Tensor:
+        """The layers with the fused pointwise kernels: the last hidden states ``[b, t, hidden]`` (before the norm).
+        ``attend(li, q, k, v)`` (q/k/v ``[b, heads, t, d]``, rotary applied) stores k/v and returns ``[b, t, heads*d]``."""
+        b, t = h.shape[:2]
+        delta: torch.Tensor | None = None
+        for li, layer in enumerate(self.layers):
+            norm = layer.input_layernorm
+            if delta is None:
+                x = self._rms(h, norm.weight, norm.variance_epsilon)
+            else:  # the previous layer's MLP output joins the residual inside this layer's norm kernel
+                h, x = self._add_rms(h, delta, norm.weight, norm.variance_epsilon)
+            attn = layer.self_attn
+            q = attn.q_proj(x).view(b, t, self.heads, self.head_dim)
+            k = attn.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
+            v = attn.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
+            if getattr(attn, "q_norm", None) is not None:  # Qwen3
+                q = self._rms(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
+                k = self._rms(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
+            q, k = self._rope(q, k, cos, sin)
+            o = attn.o_proj(attend(li, q, k, v.transpose(1, 2)))
+            post = layer.post_attention_layernorm
+            h, x = self._add_rms(h, o, post.weight, post.variance_epsilon)
+            mlp = layer.mlp
+            delta = mlp.down_proj(self._swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
+        assert delta is not None
+        return h + delta
+
+    def _fused_logits(self, h_ND: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self._rms(h_ND, self.norm.weight, self.norm.variance_epsilon)).float()
 
     # ------------------------------------------------------------ decode
 
-    def _attend(self, li: int, q: torch.Tensor, b: int, length: int, mask: torch.Tensor) -> torch.Tensor:
+    def _attend(self, li: int, q: torch.Tensor, b: int, length: int, mask: torch.Tensor | None, pos_B: torch.Tensor) -> torch.Tensor:
         # grouped-query attention without repeating K/V: a kv head's G query heads become G query rows
+        if self.attention == "triton":  # reads only each row's own positions (``pos_B``, the window)
+            o = engine_attention.decode_attention(
+                q.reshape(b, self.kv_heads, self.groups, self.head_dim), self.k[li], self.v[li], pos_B, length,
+                self.scale, self.windows[li],
+            )
+            return o.reshape(b, 1, self.heads * self.head_dim)
         o = F.scaled_dot_product_attention(
             q.reshape(b, self.kv_heads, self.groups, self.head_dim),
             self.k[li][:b, :, :length], self.v[li][:b, :, :length], attn_mask=mask, scale=self.scale,
@@ -238,45 +291,25 @@ class SlotModel:
         rows = self._rows[:b]
         h = self.embed(tokens_B[:, None])
         cos, sin = self.rotary(h, pos_B[:, None])
-        j_L = torch.arange(length, device=self.device)
-        full_BL = j_L[None, :] <= pos_B[:, None]
-        masks = {w: (full_BL & (j_L[None, :] > pos_B[:, None] - w))[:, None, None, :] for w in {w for w in self.windows if w}}
-        full = full_BL[:, None, None, :]
-        if not self.fuse:
-            for li, layer in enumerate(self.layers):
-                residual = h
-                q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), cos, sin)
-                self.k[li][rows, :, pos_B] = k[:, :, 0]
-                self.v[li][rows, :, pos_B] = v[:, :, 0]
-                w = self.windows[li]
-                h = self._finish_layer(layer, residual, self._attend(li, q, b, length, masks[w] if w else full))
-            return self._logits(h[:, 0])
-        delta: torch.Tensor | None = None
-        for li, layer in enumerate(self.layers):
-            norm = layer.input_layernorm
-            if delta is None:
-                x = self._rms(h, norm.weight, norm.variance_epsilon)
-            else:  # the previous layer's MLP output joins the residual inside this layer's norm kernel
-                h, x = self._add_rms(h, delta, norm.weight, norm.variance_epsilon)
-            attn = layer.self_attn
-            q = attn.q_proj(x).view(b, 1, self.heads, self.head_dim)
-            k = attn.k_proj(x).view(b, 1, self.kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(b, 1, self.kv_heads, self.head_dim)
-            if getattr(attn, "q_norm", None) is not None:  # Qwen3
-                q = self._rms(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
-                k = self._rms(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
-            q, k = self._rope(q, k, cos, sin)
+        masks: dict[int | None, torch.Tensor | None] = {None: None}
+        if self.attention == "sdpa":  # the kernels of ``engine_attention`` read positions and windows themselves
+            j_L = torch.arange(length, device=self.device)
+            full_BL = j_L[None, :] <= pos_B[:, None]
+            masks = {w: (full_BL & (j_L[None, :] > pos_B[:, None] - w))[:, None, None, :] for w in set(self.windows) if w}
+            masks[None] = full_BL[:, None, None, :]
+
+        def attend(li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.k[li][rows, :, pos_B] = k[:, :, 0]
-            self.v[li][rows, :, pos_B] = v[:, 0]
-            w = self.windows[li]
-            o = attn.o_proj(self._attend(li, q, b, length, masks[w] if w else full))
-            post = layer.post_attention_layernorm
-            h, x = self._add_rms(h, o, post.weight, post.variance_epsilon)
-            mlp = layer.mlp
-            delta = mlp.down_proj(self._swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
-        assert delta is not None
-        h = h + delta
-        return self.lm_head(self._rms(h[:, 0], self.norm.weight, self.norm.variance_epsilon)).float()
+            self.v[li][rows, :, pos_B] = v[:, :, 0]
+            return self._attend(li, q, b, length, masks.get(self.windows[li]), pos_B)
+
+        if self.fuse:
+            return self._fused_logits(self._fused_layers(h, cos, sin, attend)[:, 0])
+        for li, layer in enumerate(self.layers):
+            residual = h
+            q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), cos, sin)
+            h = self._finish_layer(layer, residual, attend(li, q, k, v))
+        return self._logits(h[:, 0])
 
     def _decode_body(self, b: int, length: int) -> torch.Tensor:
         return self._step(self._tokens[:b], self._pos[:b], b, length)

@@ -43,3 +43,38 @@ def test_graph_decode_matches_eager_and_a_full_forward() -> None:
     finally:
         graphed.close()
         eager.close()
+
+
+def test_split_k_attention_matches_sdpa_in_bf16_on_the_device() -> None:
+    """The Triton kernels (the engine's default for 16-bit models on CUDA) against SDPA at the 0.5B shape's heads."""
+    import torch.nn.functional as F
+
+    from rollout import engine_attention
+    from rollout.engine_model import SlotModel
+
+    assert engine_attention.available(torch.device("cuda"), torch.bfloat16, 64)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    k = torch.randn(80, 2, 2304, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(80, 2, 2304, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    q = torch.randn(72, 2, 7, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    pos = torch.randint(0, 2048, (72,), device="cuda", generator=g)
+    pos[0], pos[1] = 0, 2047
+    j = torch.arange(2048, device="cuda")
+    for window in (None, 300):
+        mask = j[None] <= pos[:, None]
+        if window:
+            mask &= j[None] > pos[:, None] - window
+        want = F.scaled_dot_product_attention(q.float(), k[:72, :, :2048].float(), v[:72, :, :2048].float(),
+                                              attn_mask=mask[:, None, None, :], scale=0.125)
+        got = engine_attention.decode_attention(q, k, v, pos, 2048, 0.125, window)
+        assert (got.float() - want).abs().max().item() < 2e-2
+    model, tok = tiny_model(seed=0)
+    model = model.to("cuda", torch.bfloat16).eval()
+    prompts = [tok.encode("List the files." + " x" * i) for i in range(5)]
+    pos_list = [len(p) for p in prompts]
+    logits = {}
+    for attention in ("sdpa", "triton"):
+        sm = SlotModel(model, slots=8, length=256, graphs=True, attention=attention)
+        sm.prefill(list(range(5)), prompts)
+        logits[attention] = sm.decode([5, 6, 7, 8, 9], pos_list, 8, 256)[:5]
+    assert (logits["sdpa"] - logits["triton"]).abs().max().item() < 5e-2

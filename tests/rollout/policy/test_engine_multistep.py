@@ -41,6 +41,15 @@ def _run(engine: Engine, reqs: list[EngineRequest]) -> list[Any]:
     return [f.result(60) for f in [engine.submit(r) for r in reqs]]
 
 
+def _same_up_to_a_tie(want: Any, got: Any) -> bool:
+    """The same tokens, or the same up to a first difference between two tokens of one probability (within fp32
+    noise; the runs after it then differ). Nucleus rows sort the vocabulary: two tokens whose probabilities tie
+    swap places on a one-ulp difference between two runs' logits (attention summed over other lengths), and the
+    inverse CDF then lands on the other one of the pair. Any other difference is a different sample."""
+    k = next((i for i, (a, b) in enumerate(zip(want.token_ids, got.token_ids)) if a != b), None)
+    return k is None or abs(want.logprobs[k] - got.logprobs[k]) < 1e-5
+
+
 @pytest.mark.parametrize(("temperature", "top_p"), [(0.0, 1.0), (1.0, 1.0), (0.8, 0.9)])
 def test_multi_step_samples_what_one_step_samples(engines: dict[str, Engine], tiny: Any, recompute: Any,
                                                   temperature: float, top_p: float) -> None:
@@ -50,7 +59,7 @@ def test_multi_step_samples_what_one_step_samples(engines: dict[str, Engine], ti
     for name in ("multi", "multi_fused"):
         got = _run(engines[name], reqs)
         for a, b, r in zip(want, got, reqs, strict=True):
-            assert b.token_ids == a.token_ids and len(b.token_ids) == r.max_new_tokens, name
+            assert _same_up_to_a_tie(a, b) and len(b.token_ids) == r.max_new_tokens, name
             assert b.finish_reason is FinishReason.LENGTH and b.versions == (0,) * len(b.token_ids)
             expected = recompute(engines[name].model, list(r.prompt_ids), b.token_ids, temperature)
             assert max(abs(x - y) for x, y in zip(b.logprobs, expected, strict=True)) < 1e-5, name

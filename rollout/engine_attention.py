@@ -1,0 +1,167 @@
+"""Decode attention over the slot cache that reads only each row's own positions (split-K, Triton).
+
+The engine's decode step attends every row over one bucketed ``length`` (the longest row, rounded up): with
+``scaled_dot_product_attention`` and a mask, a row of 600 tokens in a bucket of 2,048 still reads 2,048 keys and
+values, and one (row, kv head) pair is one thread block walking the whole length, so 72 rows x 2 kv heads leave
+most of a GPU's SMs idle. Here (the flash-decoding scheme) the positions are cut into ``splits`` chunks, one
+program per (row, kv head, chunk) reads only the part of its chunk the row covers (``pos`` and the sliding
+window, read on the device: nothing syncs, so a CUDA graph holds it), keeps a running max and sum over it, and a
+second kernel merges the chunks. A kv head's ``G`` query heads are the rows of one small matrix product (grouped
+queries read each key once).
+
+The arithmetic is attention's: scores in fp32, the softmax with a running max, probabilities cast to the
+cache's dtype for the product with the values (as flash attention does), the merge in fp32. Used on CUDA for
+fp16/bf16 caches when Triton imports (``available``); elsewhere the engine keeps ``scaled_dot_product_attention``.
+Tests run the kernels on CPU through Triton's interpreter (``TRITON_INTERPRET=1`` and ``make_kernels()``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+BLOCK_N = 64  # keys per loop iteration
+MAX_SPLITS = 16
+
+
+def make_kernels() -> tuple[Any, Any]:
+    """The two Triton kernels, built now (``TRITON_INTERPRET`` is read here: tests build them under it)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def split_kernel(
+        Q, K, V, POS, M, L, ACC,
+        sq_b, sq_h, sq_g, sk_b, sk_h, sk_l, chunk, window, scale,
+        G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, WINDOWED: tl.constexpr,
+        SPLITS: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        heads = tl.num_programs(1)
+        pos = tl.load(POS + b)
+        lo = s * chunk
+        hi = tl.minimum(lo + chunk, pos + 1)
+        if WINDOWED:
+            lo = tl.maximum(lo, pos + 1 - window)
+        g = tl.arange(0, G_PAD)
+        d = tl.arange(0, D)
+        q = tl.load(Q + b * sq_b + h * sq_h + g[:, None] * sq_g + d[None, :], mask=g[:, None] < G, other=0.0)
+        m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([G_PAD], dtype=tl.float32)
+        acc = tl.zeros([G_PAD, D], dtype=tl.float32)
+        base = b * sk_b + h * sk_h
+        for start in range(lo, hi, BLOCK):
+            n = start + tl.arange(0, BLOCK)
+            live = n < hi
+            k = tl.load(K + base + n[:, None] * sk_l + d[None, :], mask=live[:, None], other=0.0)
+            qk = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            qk = tl.where(live[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            p = tl.exp(qk - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V + base + n[:, None] * sk_l + d[None, :], mask=live[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            m_i = m_new
+        row = (b * heads + h) * SPLITS + s
+        tl.store(M + row * G_PAD + g, m_i)
+        tl.store(L + row * G_PAD + g, l_i)
+        tl.store(ACC + (row * G_PAD + g[:, None]) * D + d[None, :], acc)
+
+    @triton.jit
+    def merge_kernel(
+        M, L, ACC, O, so_b, so_h, so_g,
+        G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        heads = tl.num_programs(1)
+        s = tl.arange(0, SPLITS)
+        g = tl.arange(0, G_PAD)
+        d = tl.arange(0, D)
+        row = (b * heads + h) * SPLITS + s  # [SPLITS]
+        m = tl.load(M + row[:, None] * G_PAD + g[None, :])  # [SPLITS, G_PAD]; an empty chunk holds -inf
+        m_max = tl.max(m, 0)
+        w = tl.exp(m - m_max[None, :])
+        total = tl.sum(w * tl.load(L + row[:, None] * G_PAD + g[None, :]), 0)
+        acc = tl.load(ACC + (row[:, None, None] * G_PAD + g[None, :, None]) * D + d[None, None, :])
+        out = tl.sum(acc * w[:, :, None], 0) / total[:, None]
+        tl.store(O + b * so_b + h * so_h + g[:, None] * so_g + d[None, :], out.to(O.dtype.element_ty),
+                 mask=g[:, None] < G)
+
+    return split_kernel, merge_kernel
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels() -> tuple[Any, Any] | None:
+    try:
+        return make_kernels()
+    except Exception:  # noqa: BLE001 - no Triton (or no compiler for it): the caller keeps SDPA
+        return None
+
+
+def shape_ok(head_dim: int) -> bool:
+    """Whether the kernels take this head size (a power of two from 16 to 256: Triton's tiles)."""
+    return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
+
+
+def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether ``decode_attention`` runs by default here: a CUDA device, a 16-bit cache, a head size the kernels
+    take, Triton importable."""
+    return (device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and shape_ok(head_dim)
+            and _kernels() is not None)
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def splits_for(rows: int, kv_heads: int, length: int, device: torch.device) -> int:
+    """Chunks per (row, kv head): enough programs for ~4 per SM, chunks of at least ``BLOCK_N`` keys and at most
+    1,024, a power of two (the merge kernel's tile)."""
+    sms = _sm_count(device.index or 0) if device.type == "cuda" else 132
+    want = max(-(-4 * sms // max(rows * kv_heads, 1)), -(-length // 1024), 1)
+    want = min(want, max(length // BLOCK_N, 1), MAX_SPLITS)
+    return 1 << (want - 1).bit_length()
+
+
+def decode_attention(
+    q_BHGD: torch.Tensor, k_SHLD: torch.Tensor, v_SHLD: torch.Tensor, pos_B: torch.Tensor, length: int,
+    scale: float, window: int | None = None, kernels: tuple[Any, Any] | None = None, splits: int | None = None,
+) -> torch.Tensor:
+    """Row ``b``'s ``G`` query heads per kv head (``q_BHGD``: ``[B, kv_heads, G, D]``) over its cache positions
+    ``0..pos_B[b]`` (and past ``pos_B[b] - window`` when ``window``), of cache rows ``0..B-1``
+    (``k_SHLD`` / ``v_SHLD``: ``[slots, kv_heads, cache length, D]``); ``length`` bounds the positions read.
+    Returns ``[B, kv_heads, G, D]`` in ``q``'s dtype."""
+    kern = kernels or _kernels()
+    if kern is None:
+        raise RuntimeError("decode_attention: Triton is not importable here")
+    split_kernel, merge_kernel = kern
+    b, kvh, g, d = q_BHGD.shape
+    if k_SHLD.stride(-1) != 1 or v_SHLD.stride() != k_SHLD.stride() or q_BHGD.stride(-1) != 1:
+        raise ValueError("decode_attention: the cache's K and V must share strides with a contiguous last dim")
+    n_split = splits or splits_for(b, kvh, length, q_BHGD.device)
+    chunk = -(-(-(-length // n_split)) // BLOCK_N) * BLOCK_N
+    g_pad = max(16, 1 << (g - 1).bit_length())
+    dev = q_BHGD.device
+    m = torch.empty((b, kvh, n_split, g_pad), dtype=torch.float32, device=dev)
+    ls = torch.empty_like(m)
+    acc = torch.empty((b, kvh, n_split, g_pad, d), dtype=torch.float32, device=dev)
+    out = torch.empty_like(q_BHGD)
+    split_kernel[(b, kvh, n_split)](
+        q_BHGD, k_SHLD, v_SHLD, pos_B, m, ls, acc,
+        q_BHGD.stride(0), q_BHGD.stride(1), q_BHGD.stride(2), k_SHLD.stride(0), k_SHLD.stride(1), k_SHLD.stride(2),
+        chunk, int(window or 0), float(scale),
+        G=g, G_PAD=g_pad, D=d, BLOCK=BLOCK_N, WINDOWED=bool(window), SPLITS=n_split,
+    )
+    merge_kernel[(b, kvh)](m, ls, acc, out, out.stride(0), out.stride(1), out.stride(2),
+                           G=g, G_PAD=g_pad, D=d, SPLITS=n_split)
+    return out
+
+
+__all__ = ["available", "decode_attention", "make_kernels", "shape_ok", "splits_for"]

@@ -1,0 +1,99 @@
+"""Run by ``test_engine_attention.py`` in a child pytest with ``TRITON_INTERPRET=1`` (the kernels on CPU)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rollout import engine_attention
+from rollout.engine import Engine, EngineRequest
+from rollout.engine_model import SlotModel
+from rollout.policy.models import tiny_model
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture()
+def interpreted() -> Iterator[tuple[Any, Any]]:
+    """The kernels as Triton's interpreter runs them (numpy on the CPU), also as the module's cached pair."""
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run through test_engine_attention.py"
+    yield engine_attention._kernels() or pytest.fail("Triton did not import")
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, length: int,
+               window: int | None) -> torch.Tensor:
+    j = torch.arange(length)
+    mask = j[None] <= pos[:, None]
+    if window:
+        mask &= j[None] > pos[:, None] - window
+    b = q.shape[0]
+    return F.scaled_dot_product_attention(q, k[:b, :, :length], v[:b, :, :length], attn_mask=mask[:, None, None, :],
+                                          scale=0.125)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+@pytest.mark.parametrize("splits", [1, 2, 8])
+def test_kernels_match_masked_sdpa(interpreted: tuple[Any, Any], window: int | None, splits: int) -> None:
+    g = torch.Generator().manual_seed(3)
+    slots, heads, groups, dim, cache_len, length = 6, 2, 7, 64, 300, 256
+    k = torch.randn(slots, heads, cache_len, dim, generator=g)
+    v = torch.randn(slots, heads, cache_len, dim, generator=g)
+    q = torch.randn(5, heads, groups, dim, generator=g)
+    pos = torch.tensor([0, 17, 64, 200, 255])  # one key; a chunk's edge; the bucket's last position
+    got = engine_attention.decode_attention(q, k, v, pos, length, 0.125, window=window, kernels=interpreted,
+                                            splits=splits)
+    assert (got - _reference(q, k, v, pos, length, window)).abs().max().item() < 1e-5
+    # positions past a row's own are never read: poisoning them changes nothing
+    k2, v2 = k.clone(), v.clone()
+    for row, p in enumerate(pos.tolist()):
+        k2[row, :, p + 1:] = float("nan")
+        v2[row, :, p + 1:] = float("nan")
+    again = engine_attention.decode_attention(q, k2, v2, pos, length, 0.125, window=window, kernels=interpreted,
+                                              splits=splits)
+    assert torch.equal(again, got)
+
+
+def test_decode_attention_refuses_mismatched_caches(interpreted: tuple[Any, Any]) -> None:
+    k = torch.zeros(2, 2, 64, 16)
+    with pytest.raises(ValueError, match="share strides"):
+        engine_attention.decode_attention(torch.zeros(1, 2, 2, 16), k, k.transpose(2, 3).contiguous().transpose(2, 3),
+                                          torch.zeros(1, dtype=torch.long), 64, 0.25, kernels=interpreted)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_decode_step_with_the_kernels_matches_sdpa(interpreted: tuple[Any, Any], tiny: Any, fuse: bool) -> None:
+    model, tok = tiny_model(seed=0, tokenizer=tiny[1], sliding_window=6)  # layer 0 full, layer 1 windowed
+    prompts = [tok.encode(t) for t in ("List the files.", "hi", "Count the lines of a.txt, please.")]
+    pos = [len(p) for p in prompts]
+    out = {}
+    for attention in ("sdpa", "triton"):
+        sm = SlotModel(model, slots=4, length=64, fuse=fuse, attention=attention)
+        first = sm.prefill([0, 1, 2], prompts)
+        out[attention] = (first, sm.decode([5, 6, 7], pos, 3, 64),
+                          sm.decode_sample([5, 6, 7], pos, 3, 64, 4, [1.0] * 3, [1.0] * 3, [[0.3, 0.6, 0.9]] * 4))
+    (f_a, d_a, (t_a, l_a)), (f_b, d_b, (t_b, l_b)) = out["sdpa"], out["triton"]
+    assert torch.equal(f_a, f_b)  # prefill does not use the kernels
+    assert (d_a - d_b).abs().max().item() < 1e-5
+    assert torch.equal(t_a, t_b) and (l_a - l_b).abs().max().item() < 1e-5
+
+
+def test_engine_with_the_kernels_generates_what_it_generates_with_sdpa(interpreted: tuple[Any, Any], tiny: Any) -> None:
+    model, tok = tiny_model(seed=0, tokenizer=tiny[1])
+    reqs = [EngineRequest(prompt_ids=tok.encode("Count the lines" + " x" * i), max_new_tokens=9 + i,
+                          temperature=0.0 if i % 2 else 1.0, seed=i) for i in range(4)]
+    outs = {}
+    for attention in ("sdpa", "triton"):
+        engine = Engine(model, tok, admission_window_s=0.05, decode_steps=4, attention=attention)
+        try:
+            assert engine.slots.attention == attention
+            outs[attention] = [f.result(120) for f in [engine.submit(r) for r in reqs]]
+        finally:
+            engine.close()
+    for a, b in zip(outs["sdpa"], outs["triton"], strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
