@@ -455,7 +455,7 @@ class Engine:
                             live.fut.set_exception(EngineError(f"{self.name}: generation failed ({type(exc).__name__}: {exc})"))
 
     def _has_work(self) -> bool:
-        if self._held:
+        if self._held or self._paused == "abort":  # abort: no step more (the loop would win the step lock back)
             return False
         can_admit = self._waiting and not self._draining and self._paused is None
         return bool(can_admit or self._running)

@@ -7,7 +7,7 @@ most of a GPU's SMs idle. Here (the flash-decoding scheme) the positions are cut
 program per (row, kv head, chunk) reads only the part of its chunk the row covers (``pos`` and the sliding
 window, read on the device: nothing syncs, so a CUDA graph holds it), keeps a running max and sum over it, and a
 second kernel merges the chunks. A kv head's ``G`` query heads are the rows of one small matrix product (grouped
-queries read each key once).
+queries read each key once). The step's own key and value are written into the cache by the same kernel.
 
 The arithmetic is attention's: scores in fp32, the softmax with a running max, probabilities cast to the
 cache's dtype for the product with the values (as flash attention does), the merge in fp32. Used on CUDA for
@@ -33,10 +33,10 @@ def make_kernels() -> tuple[Any, Any]:
 
     @triton.jit
     def split_kernel(
-        Q, K, V, POS, M, L, ACC,
-        sq_b, sq_h, sq_g, sk_b, sk_h, sk_l, chunk, window, scale,
+        Q, K, V, POS, M, L, ACC, KN, VN,
+        sq_b, sq_h, sq_g, sk_b, sk_h, sk_l, skn_b, skn_h, svn_b, svn_h, chunk, window, scale,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, WINDOWED: tl.constexpr,
-        SPLITS: tl.constexpr,
+        SPLITS: tl.constexpr, STORE: tl.constexpr,
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -54,10 +54,18 @@ def make_kernels() -> tuple[Any, Any]:
         l_i = tl.zeros([G_PAD], dtype=tl.float32)
         acc = tl.zeros([G_PAD, D], dtype=tl.float32)
         base = b * sk_b + h * sk_h
+        if STORE:  # this step's key and value: the chunk holding ``pos`` writes them, and uses them from registers
+            kn = tl.load(KN + b * skn_b + h * skn_h + d)
+            vn = tl.load(VN + b * svn_b + h * svn_h + d)
+            if pos // chunk == s:
+                tl.store(K + base + pos * sk_l + d, kn)
+                tl.store(V + base + pos * sk_l + d, vn)
         for start in range(lo, hi, BLOCK):
             n = start + tl.arange(0, BLOCK)
             live = n < hi
             k = tl.load(K + base + n[:, None] * sk_l + d[None, :], mask=live[:, None], other=0.0)
+            if STORE:
+                k = tl.where((n == pos)[:, None], kn[None, :].to(k.dtype), k)
             qk = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
             qk = tl.where(live[None, :], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -65,6 +73,8 @@ def make_kernels() -> tuple[Any, Any]:
             alpha = tl.exp(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(V + base + n[:, None] * sk_l + d[None, :], mask=live[:, None], other=0.0)
+            if STORE:
+                v = tl.where((n == pos)[:, None], vn[None, :].to(v.dtype), v)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             m_i = m_new
         row = (b * heads + h) * SPLITS + s
@@ -133,11 +143,14 @@ def splits_for(rows: int, kv_heads: int, length: int, device: torch.device) -> i
 def decode_attention(
     q_BHGD: torch.Tensor, k_SHLD: torch.Tensor, v_SHLD: torch.Tensor, pos_B: torch.Tensor, length: int,
     scale: float, window: int | None = None, kernels: tuple[Any, Any] | None = None, splits: int | None = None,
+    k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Row ``b``'s ``G`` query heads per kv head (``q_BHGD``: ``[B, kv_heads, G, D]``) over its cache positions
     ``0..pos_B[b]`` (and past ``pos_B[b] - window`` when ``window``), of cache rows ``0..B-1``
     (``k_SHLD`` / ``v_SHLD``: ``[slots, kv_heads, cache length, D]``); ``length`` bounds the positions read.
-    Returns ``[B, kv_heads, G, D]`` in ``q``'s dtype."""
+    ``k_new`` / ``v_new`` (``[B, kv_heads, D]``, both or neither): this step's key and value, written into the
+    cache at ``pos_B`` by the same kernel (no separate scatter) and attended to. Returns ``[B, kv_heads, G, D]``
+    in ``q``'s dtype."""
     kern = kernels or _kernels()
     if kern is None:
         raise RuntimeError("decode_attention: Triton is not importable here")
@@ -145,6 +158,14 @@ def decode_attention(
     b, kvh, g, d = q_BHGD.shape
     if k_SHLD.stride(-1) != 1 or v_SHLD.stride() != k_SHLD.stride() or q_BHGD.stride(-1) != 1:
         raise ValueError("decode_attention: the cache's K and V must share strides with a contiguous last dim")
+    store = k_new is not None
+    if store != (v_new is not None):
+        raise ValueError("decode_attention: pass k_new and v_new together")
+    kn = k_new if k_new is not None else k_SHLD
+    vn = v_new if v_new is not None else v_SHLD
+    if store and (kn.shape != (b, kvh, d) or vn.shape != (b, kvh, d) or kn.stride(-1) != 1 or vn.stride(-1) != 1):
+        raise ValueError(f"decode_attention: k_new / v_new must be [{b}, {kvh}, {d}] with a contiguous last dim, "
+                         f"got {tuple(kn.shape)} and {tuple(vn.shape)}")
     n_split = splits or splits_for(b, kvh, length, q_BHGD.device)
     chunk = -(-(-(-length // n_split)) // BLOCK_N) * BLOCK_N
     g_pad = max(16, 1 << (g - 1).bit_length())
@@ -154,10 +175,10 @@ def decode_attention(
     acc = torch.empty((b, kvh, n_split, g_pad, d), dtype=torch.float32, device=dev)
     out = torch.empty_like(q_BHGD)
     split_kernel[(b, kvh, n_split)](
-        q_BHGD, k_SHLD, v_SHLD, pos_B, m, ls, acc,
+        q_BHGD, k_SHLD, v_SHLD, pos_B, m, ls, acc, kn, vn,
         q_BHGD.stride(0), q_BHGD.stride(1), q_BHGD.stride(2), k_SHLD.stride(0), k_SHLD.stride(1), k_SHLD.stride(2),
-        chunk, int(window or 0), float(scale),
-        G=g, G_PAD=g_pad, D=d, BLOCK=BLOCK_N, WINDOWED=bool(window), SPLITS=n_split,
+        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), chunk, int(window or 0), float(scale),
+        G=g, G_PAD=g_pad, D=d, BLOCK=BLOCK_N, WINDOWED=bool(window), SPLITS=n_split, STORE=store,
     )
     merge_kernel[(b, kvh)](m, ls, acc, out, out.stride(0), out.stride(1), out.stride(2),
                            G=g, G_PAD=g_pad, D=d, SPLITS=n_split)

@@ -272,14 +272,8 @@ class SlotModel:
 
     # ------------------------------------------------------------ decode
 
-    def _attend(self, li: int, q: torch.Tensor, b: int, length: int, mask: torch.Tensor | None, pos_B: torch.Tensor) -> torch.Tensor:
+    def _attend(self, li: int, q: torch.Tensor, b: int, length: int, mask: torch.Tensor | None) -> torch.Tensor:
         # grouped-query attention without repeating K/V: a kv head's G query heads become G query rows
-        if self.attention == "triton":  # reads only each row's own positions (``pos_B``, the window)
-            o = engine_attention.decode_attention(
-                q.reshape(b, self.kv_heads, self.groups, self.head_dim), self.k[li], self.v[li], pos_B, length,
-                self.scale, self.windows[li],
-            )
-            return o.reshape(b, 1, self.heads * self.head_dim)
         o = F.scaled_dot_product_attention(
             q.reshape(b, self.kv_heads, self.groups, self.head_dim),
             self.k[li][:b, :, :length], self.v[li][:b, :, :length], attn_mask=mask, scale=self.scale,
@@ -299,9 +293,15 @@ class SlotModel:
             masks[None] = full_BL[:, None, None, :]
 
         def attend(li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if self.attention == "triton":  # reads only each row's own positions, writes this step's k/v itself
+                o = engine_attention.decode_attention(
+                    q.reshape(b, self.kv_heads, self.groups, self.head_dim), self.k[li], self.v[li], pos_B, length,
+                    self.scale, self.windows[li], k_new=k[:, :, 0], v_new=v[:, :, 0],
+                )
+                return o.reshape(b, 1, self.heads * self.head_dim)
             self.k[li][rows, :, pos_B] = k[:, :, 0]
             self.v[li][rows, :, pos_B] = v[:, :, 0]
-            return self._attend(li, q, b, length, masks.get(self.windows[li]), pos_B)
+            return self._attend(li, q, b, length, masks.get(self.windows[li]))
 
         if self.fuse:
             return self._fused_logits(self._fused_layers(h, cos, sin, attend)[:, 0])

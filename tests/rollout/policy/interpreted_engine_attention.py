@@ -58,6 +58,31 @@ def test_kernels_match_masked_sdpa(interpreted: tuple[Any, Any], window: int | N
     assert torch.equal(again, got)
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+def test_the_kernel_writes_the_steps_key_and_value_and_attends_to_them(interpreted: tuple[Any, Any], splits: int) -> None:
+    g = torch.Generator().manual_seed(5)
+    k = torch.randn(4, 2, 128, 16, generator=g)
+    v = torch.randn(4, 2, 128, 16, generator=g)
+    q = torch.randn(3, 2, 2, 16, generator=g)
+    k_new = torch.randn(3, 2, 1, 16, generator=g)[:, :, 0]  # a strided view, as the decode step passes it
+    v_new = torch.randn(3, 2, 1, 16, generator=g)[:, :, 0]
+    pos = torch.tensor([0, 31, 100])
+    want_k, want_v = k.clone(), v.clone()
+    for row, p in enumerate(pos.tolist()):
+        want_k[row, :, p] = k_new[row]
+        want_v[row, :, p] = v_new[row]
+    want = _reference(q, want_k, want_v, pos, 128, None)
+    got = engine_attention.decode_attention(q, k, v, pos, 128, 0.125, kernels=interpreted, splits=splits,
+                                            k_new=k_new, v_new=v_new)
+    assert (got - want).abs().max().item() < 1e-5
+    assert torch.equal(k, want_k) and torch.equal(v, want_v)  # written at each row's position, nowhere else
+    with pytest.raises(ValueError, match="together"):
+        engine_attention.decode_attention(q, k, v, pos, 128, 0.125, kernels=interpreted, k_new=k_new)
+    with pytest.raises(ValueError, match=r"k_new / v_new must be \[3, 2, 16\]"):
+        engine_attention.decode_attention(q, k, v, pos, 128, 0.125, kernels=interpreted, k_new=k_new[:2],
+                                          v_new=v_new[:2])
+
+
 def test_decode_attention_refuses_mismatched_caches(interpreted: tuple[Any, Any]) -> None:
     k = torch.zeros(2, 2, 64, 16)
     with pytest.raises(ValueError, match="share strides"):
