@@ -214,8 +214,8 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
         return outs, seconds, warm_s
 
     one_step: dict[str, Any] = {}
-    if args.engine_1step:  # the engine as it was before multi-step decode and fused kernels, same prompts and seeds
-        outs_1, seconds_1, _ = timed_engine(decode_steps=1, fuse=False)
+    if args.engine_1step:  # the engine as it was before multi-step decode, fused kernels, split-K attention
+        outs_1, seconds_1, _ = timed_engine(decode_steps=1, fuse=False, attention="sdpa")
         one_step = {"engine_1step_seconds": seconds_1,
                     "engine_1step_new_tokens_per_s": sum(len(o.token_ids) for o in outs_1) / seconds_1}
         del outs_1
@@ -535,7 +535,7 @@ def tables(r: dict[str, Any]) -> list[Any]:
     t3.add_row("total", f"{it['total_s']:.3f}", "100%", f"{it['rl_iteration_s']:.3f}")
     t3.add_row("rollout share", "", f"{100 * it['share']['rollout']:.1f}%", f"{100 * it['rl_rollout_share']:.1f}%")
     if "rollout_share_1step" in it:
-        t3.add_row(f"rollout share with the engine one step a look, unfused ({roll['engine_1step_new_tokens_per_s']:,.0f} "
+        t3.add_row(f"rollout share with the engine one step a look, unfused, SDPA ({roll['engine_1step_new_tokens_per_s']:,.0f} "
                    "tok/s)", "", f"{100 * it['rollout_share_1step']:.1f}%", f"{100 * it['rl_rollout_share_1step']:.1f}%")
     t3.add_row(f"rollout share with {roll['baseline']} ({roll['generate_new_tokens_per_s']:,.0f} tok/s)", "",
                f"{100 * it['rollout_share_with_generate']:.1f}%", f"{100 * it['rl_rollout_share_with_generate']:.1f}%")
@@ -571,7 +571,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-generate", action="store_true",
                    help="skip the HF generate baseline of the rollout (~50 s on the H200; its shares read nan)")
     p.add_argument("--engine-1step", action="store_true",
-                   help="also time the rollout with the engine one decode step per host look, unfused (the old engine)")
+                   help="also time the rollout with the engine one decode step per host look, unfused, SDPA (the old engine)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     if args.tiny:
