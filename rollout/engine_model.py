@@ -30,6 +30,12 @@ before them), the rotary embedding of q and k, and SiLU-times-up run as one
 kernel each (``torch.compile`` of the same formulas on CUDA; the plain
 formulas elsewhere), about 15 kernels a layer instead of ~40. The projections
 stay the model's modules, so weights copied in place still reach every graph.
+Prefill runs the same kernels.
+
+**Decode attention** (``attention``; ``"triton"`` by default on CUDA for 16-bit
+models): the split-K kernels of ``rollout.engine_attention`` read only each
+row's own positions and write the step's key and value themselves; ``"sdpa"``
+attends over the whole length bucket with a mask (and a scatter writes k/v).
 """
 
 from __future__ import annotations
