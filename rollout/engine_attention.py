@@ -38,11 +38,11 @@ def make_kernels() -> tuple[Any, Any]:
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, WINDOWED: tl.constexpr,
         SPLITS: tl.constexpr, STORE: tl.constexpr,
     ):
-        b = tl.program_id(0)
+        b = tl.program_id(0).to(tl.int64)  # 64-bit offsets: a cache past 2**31 elements stays addressable
         h = tl.program_id(1)
         s = tl.program_id(2)
         heads = tl.num_programs(1)
-        pos = tl.load(POS + b)
+        pos = tl.load(POS + b).to(tl.int32)
         lo = s * chunk
         hi = tl.minimum(lo + chunk, pos + 1)
         if WINDOWED:
@@ -87,7 +87,7 @@ def make_kernels() -> tuple[Any, Any]:
         M, L, ACC, O, so_b, so_h, so_g,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
     ):
-        b = tl.program_id(0)
+        b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         heads = tl.num_programs(1)
         s = tl.arange(0, SPLITS)
