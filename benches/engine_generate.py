@@ -113,21 +113,18 @@ def run_generate(model: Any, ps: list[list[int]], new: int, device: torch.device
 
 
 def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.device) -> dict[str, Any]:
-    def wave(seed: int) -> tuple[float, int, int]:
+    def wave(seed: int) -> tuple[float, int, int, dict[str, float]]:
         steps0, phases0 = engine.steps, dict(engine.phase_s)
         t0 = time.perf_counter()
         futs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=new, temperature=1.0, seed=seed + i))
                 for i, p in enumerate(ps)]
         outs = [f.result() for f in futs]
         _sync(device)
-        seconds = time.perf_counter() - t0
-        phases.clear()
-        phases.update({k: v - phases0[k] for k, v in engine.phase_s.items()})
-        return seconds, sum(len(o.token_ids) for o in outs), engine.steps - steps0
+        phases = {k: v - phases0[k] for k, v in engine.phase_s.items()}
+        return time.perf_counter() - t0, sum(len(o.token_ids) for o in outs), engine.steps - steps0, phases
 
-    phases: dict[str, float] = {}
-    warm_s, _, _ = wave(10_000)  # graph capture for every (batch, length) bucket the wave meets
-    seconds, tokens, steps = wave(0)
+    warm_s, _, _, _ = wave(10_000)  # graph capture for every (batch, length) bucket the wave meets
+    seconds, tokens, steps, phases = wave(0)
     # where the engine thread's wall went in the timed wave: prefill, waiting on decode calls, host work (and idle)
     phases["idle"] = max(seconds - sum(phases.values()), 0.0)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "turns": len(ps), "new": new,

@@ -167,7 +167,8 @@ def decode_attention(
         raise ValueError(f"decode_attention: k_new / v_new must be [{b}, {kvh}, {d}] with a contiguous last dim, "
                          f"got {tuple(kn.shape)} and {tuple(vn.shape)}")
     n_split = splits or splits_for(b, kvh, length, q_BHGD.device)
-    chunk = -(-(-(-length // n_split)) // BLOCK_N) * BLOCK_N
+    per_split = -(-length // n_split)  # positions a chunk covers, rounded up to whole blocks
+    chunk = -(-per_split // BLOCK_N) * BLOCK_N
     g_pad = max(16, 1 << (g - 1).bit_length())
     dev = q_BHGD.device
     m = torch.empty((b, kvh, n_split, g_pad), dtype=torch.float32, device=dev)
