@@ -165,14 +165,30 @@ def test_bad_updates_are_4xx_naming_the_field_and_keep_the_old_weights(
 def test_requests_in_flight_finish_on_the_old_weights_and_new_ones_wait_for_the_new(
     server: tuple[str, str, HFPolicy], ckpt: Callable[..., Path], tok: PreTrainedTokenizerBase
 ) -> None:
-    base, root, _ = server
+    base, root, policy = server
     results: dict[str, Any] = {}
+    # The order as the server saw it: when each client thread gets its response is up to the network
+    # (a small update response can overtake a 1,500-token completion sent just before it).
     order: list[str] = []
+    generate, load_state_dict = policy.generate, policy.load_state_dict
+
+    async def recorded_generate(prompt: Prompt, sampling: SamplingParams, *args: Any) -> Any:
+        key = "long" if sampling.max_new_tokens == 1500 else "short"
+        order.append(f"{key} starts")
+        g = await generate(prompt, sampling, *args)
+        order.append(f"{key} ends")
+        return g
+
+    def recorded_load(*args: Any) -> None:
+        order.append("update loads")
+        load_state_dict(*args)
+
+    policy.generate = recorded_generate  # type: ignore[method-assign]
+    policy.load_state_dict = recorded_load  # type: ignore[method-assign]
 
     def call(key: str, fn: Callable[[], Any]) -> threading.Thread:
         def run() -> None:
             results[key] = fn()
-            order.append(key)
         t = threading.Thread(target=run)
         t.start()
         return t
@@ -199,7 +215,7 @@ def test_requests_in_flight_finish_on_the_old_weights_and_new_ones_wait_for_the_
     assert results["update"].status_code == 200 and results["update"].json()["num_paused_requests"] == 1
     assert results["short"]["agentenv"]["policy_version"] == 1
     assert [e for e in results["short"]["choices"][0]["logprobs"]["token_logprobs"]] == _in_process(tok, 1)
-    assert order.index("long") < order.index("update") < order.index("short")
+    assert order == ["long starts", "long ends", "update loads", "short starts", "short ends"]
 
 
 def test_openai_policy_records_the_server_version_on_every_turn(
