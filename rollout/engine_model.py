@@ -141,7 +141,10 @@ class SlotModel:
         self.eps = float(getattr(self.layers[0].input_layernorm, "variance_epsilon", 1e-6))
         fns: tuple[Any, ...] = (_rms, _add_rms, _rope, _swiglu)
         if self.fuse and self.device.type == "cuda":
-            fns = tuple(torch.compile(f, dynamic=True, fullgraph=True) for f in fns)
+            # Not fullgraph: dynamo keeps one cache per formula for the whole process (every SlotModel, dtype and
+            # tensor rank adds a variant); past its recompile limit (8) a formula then runs eagerly instead of
+            # raising FailOnRecompileLimitHit mid-decode (a second model in one process did).
+            fns = tuple(torch.compile(f, dynamic=True) for f in fns)
         self._rms, self._add_rms, self._rope, self._swiglu = fns
         if attention not in (None, "sdpa", "triton"):
             raise ValueError(f"SlotModel: attention must be 'sdpa' or 'triton', got {attention!r}")
