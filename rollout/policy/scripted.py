@@ -4,6 +4,9 @@ Two turns, written in the current harness's own tool surface (``from_intent``):
 
 1. one shell call running the variant's oracle script (``Task.oracle_script``),
    as a quoted heredoc fed to ``bash -s`` -- the same way ``Task.oracle`` runs it;
+   a script cut into parts by ``# --- next call ---`` lines (``ORACLE_CALL_BREAK``)
+   is one shell call per part, in order (a task whose work takes several commands,
+   each seeing the last one's output);
 2. submit: the harness's submit tool, or, for harnesses that end an episode
    with a text turn (Claude Code, Codex, Kimi), a text turn. For tasks graded
    on a final answer it is the last line the oracle printed, read back from
@@ -67,6 +70,28 @@ EFFORT_PLANS: Mapping[str, str] = {
     "max": "Plan: the task needs one shell command. I run it, then I read the output file to check the result, "
            "and then I finish.",
 }
+#: The same plans for an oracle of several calls (``ORACLE_CALL_BREAK``); ``{n}`` is their number.
+EFFORT_PLANS_STEPS: Mapping[str, str] = {
+    "high": "Plan: the task needs {n} shell commands. I run them in order, and then I finish.",
+    "max": "Plan: the task needs {n} shell commands. I run them in order, then I read the output file to check the "
+           "result, and then I finish.",
+}
+#: A line of an oracle script that ends one shell call and starts the next (a comment to bash, so
+#: ``Task.oracle`` runs the whole script as it is).
+ORACLE_CALL_BREAK = "# --- next call ---"
+
+
+def oracle_parts(script: str) -> list[str]:
+    """The oracle script's shell calls: its parts between ``ORACLE_CALL_BREAK`` lines (empty parts dropped;
+    a script without a break is one call)."""
+    parts: list[list[str]] = [[]]
+    for line in script.splitlines():
+        if line.strip() == ORACLE_CALL_BREAK:
+            parts.append([])
+        else:
+            parts[-1].append(line)
+    calls = ["\n".join(p).strip("\n") + "\n" for p in parts if "\n".join(p).strip()]
+    return calls or [script]
 
 
 def oracle_command(script: str) -> str:
@@ -131,7 +156,7 @@ class ScriptedPolicy(Policy):
 
 
 class _OracleReplay(Policy):
-    """One episode of ``ScriptedPolicy``: turn 1 runs the oracle, then (max style) a verifying call, then submit."""
+    """One episode of ``ScriptedPolicy``: the oracle's calls (one, or one per part), then (max style) a verifying call, then submit."""
 
     def __init__(self, parent: ScriptedPolicy, ctx: EpisodeContext) -> None:
         self.name = parent.name
@@ -150,22 +175,25 @@ class _OracleReplay(Policy):
         if not isinstance(harness, BaseHarness):
             raise PolicyError(f"ScriptedPolicy writes calls with BaseHarness.from_intent; {type(harness).__name__} is not one")
         script = task.oracle_script(variant)
+        if script is None:
+            raise PolicyError(f"task {task.id!r} has no oracle script to replay (its oracle is Python code)")
+        parts = oracle_parts(script)
         thinking = ""
-        if self._turn == 0:
-            if script is None:
-                raise PolicyError(f"task {task.id!r} has no oracle script to replay (its oracle is Python code)")
+        if self._turn < len(parts):
             timeout = min(float(task.limits.wall_time_s), ORACLE_TIMEOUT_S)
-            intent = Intent("exec_shell", {"command": oracle_command(script), "timeout_s": timeout})
-            plan = EFFORT_PLANS.get(self._effort)
-            thinking = f"<think>{plan}</think>\n" if plan else ""
-        elif self._turn == 1 and self._effort == "max":
-            intent = Intent("exec_shell", {"command": verify_command(script or "")})
+            intent = Intent("exec_shell", {"command": oracle_command(parts[self._turn]), "timeout_s": timeout})
+            plan = (EFFORT_PLANS if len(parts) == 1 else EFFORT_PLANS_STEPS).get(self._effort) if self._turn == 0 else None
+            thinking = f"<think>{plan.format(n=len(parts))}</think>\n" if plan else ""
+        elif self._turn == len(parts) and self._effort == "max":
+            intent = Intent("exec_shell", {"command": verify_command(script)})
         else:
             answer = None
             if task.oracle_answers():
                 tool_results = [m for m in prompt.messages if m.get("role") == "tool"]
-                # the oracle's own output (a max-style episode's last result is the verifying call's)
-                result = (tool_results[0] if self._effort == "max" else tool_results[-1]) if tool_results else None
+                # the oracle's own output: its last call's (a max-style episode's last result is the verifying call's)
+                last = len(parts) - 1
+                result = (tool_results[min(last, len(tool_results) - 1)] if self._effort == "max" else tool_results[-1]) \
+                    if tool_results else None
                 answer = answer_from_observation(message_text(result)) if result is not None else None
             intent = Intent("submit", {"answer": answer})
         self._turn += 1

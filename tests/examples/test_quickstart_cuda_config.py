@@ -3,29 +3,20 @@ the learner and the rollout engine run, in fp32 as on the CPU (and its run id), 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from learner.train_config import load_train_config
 
 pytestmark = pytest.mark.unit
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out |= _flat(value, f"{prefix}.{key}" if prefix else key)
-        return out
-    return {prefix: tree}
-
-
-def test_quickstart_cuda_differs_from_the_quickstart_only_in_devices() -> None:
-    cpu = _flat(load_train_config(EXAMPLES / "quickstart.yaml").model_dump())
-    gpu = _flat(load_train_config(EXAMPLES / "quickstart_cuda.yaml").model_dump())
+def test_quickstart_cuda_differs_from_the_quickstart_only_in_devices(flat_config: Callable[[Path], dict[str, Any]]) -> None:
+    cpu = flat_config(EXAMPLES / "quickstart.yaml")
+    gpu = flat_config(EXAMPLES / "quickstart_cuda.yaml")
     differ = {k: (cpu.get(k), gpu.get(k)) for k in cpu.keys() | gpu.keys() if cpu.get(k) != gpu.get(k)}
     assert differ == {"run_id": ("quickstart", "quickstart_cuda"), "model.device": ("cpu", "cuda"),
                       "model.rollout_device": ("cpu", "cuda"), "trainer.bf16": (None, False)}

@@ -14,7 +14,7 @@ from rollout.episode import EpisodeContext, EpisodeRequest, EpisodeRunner
 from rollout.harnesses import get_harness
 from rollout.policy.hf import HFPolicy
 from rollout.policy.models import tiny_model
-from rollout.policy.scripted import EFFORT_PLANS, ScriptedPolicy
+from rollout.policy.scripted import EFFORT_PLANS, EFFORT_PLANS_STEPS, ScriptedPolicy, oracle_parts
 from rollout.policy.types import Generation, Policy, Prompt, SamplingParams, ThinkingBudget
 from rollout.types import Trajectory
 
@@ -64,6 +64,27 @@ def test_styled_oracle_lengths_rise_low_high_max_in_every_harness(backend: Any, 
     unstyled = _run(ScriptedPolicy(), backend, tok, [_req("plain", "codex", "max")])[0]
     assert len(unstyled.turns) == 2 and "<think>" not in tok.decode(list(unstyled.samples[0].token_ids))
     assert get_harness("codex").effort_text("max") in tok.decode(list(unstyled.samples[0].token_ids))
+
+
+def test_an_oracle_cut_into_parts_is_one_call_a_part_in_every_harness_and_style(backend: Any, tok: Any) -> None:
+    """general/count_lines_pipeline's oracle: three pipeline stages and the count, a shell call each, then submit."""
+    reqs = [EpisodeRequest(episode_id=f"styles/parts/{h}/{e}", run_id="styles", task_id="general/count_lines_pipeline",
+                           seed=1004, harness=h, effort=e, show_effort=False) for h in HARNESSES for e in ("low", "max")]
+    trajs = _run(ScriptedPolicy(styled=True), backend, tok, reqs)
+    assert all(t.reward == 1.0 for t in trajs), [(t.harness, t.effort, t.status, t.error) for t in trajs]
+    for t in trajs:
+        assert len(t.turns) == (6 if t.effort == "max" else 5), (t.harness, t.effort)  # 4 calls (+ verifying), submit
+        text = tok.decode(list(t.samples[0].token_ids))
+        order = [text.find(s) for s in ("pipeline/fetch.py", "pipeline/unpack.py", "pipeline/clean.py", "> /workspace/answer.txt")]
+        assert -1 not in order and order == sorted(order), (t.harness, order)
+        assert (f"<think>{EFFORT_PLANS_STEPS['max'].format(n=4)}</think>" in text) == (t.effort == "max")
+
+
+def test_oracle_parts_split_on_the_break_line_only() -> None:
+    script = "a\n# --- next call ---\nb\nc\n  # --- next call ---  \n\n# --- next call ---\n"
+    assert oracle_parts(script) == ["a\n", "b\nc\n"]
+    assert oracle_parts("echo 1\necho 2\n") == ["echo 1\necho 2\n"]  # no break: one call
+    assert oracle_parts("echo '# --- next call --- no'\n") == ["echo '# --- next call --- no'\n"]
 
 
 class _Recording:
