@@ -83,7 +83,7 @@ def test_an_oracle_cut_into_parts_is_one_call_a_part_in_every_harness_and_style(
 def test_oracle_parts_split_on_the_break_line_only() -> None:
     script = "a\n# --- next call ---\nb\nc\n  # --- next call ---  \n\n# --- next call ---\n"
     assert oracle_parts(script) == ["a\n", "b\nc\n"]
-    assert oracle_parts("echo 1\necho 2\n") == ["echo 1\necho 2\n"]  # no break: one call
+    assert oracle_parts("\necho 1\necho 2\n\n") == ["\necho 1\necho 2\n\n"]  # no break: one call, the script as it is
     assert oracle_parts("echo '# --- next call --- no'\n") == ["echo '# --- next call --- no'\n"]
 
 
