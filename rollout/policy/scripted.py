@@ -84,14 +84,14 @@ ORACLE_CALL_BREAK = "# --- next call ---"
 def oracle_parts(script: str) -> list[str]:
     """The oracle script's shell calls: its parts between ``ORACLE_CALL_BREAK`` lines (empty parts dropped;
     a script without a break is one call, the script as it is)."""
-    if not any(line.strip() == ORACLE_CALL_BREAK for line in script.splitlines()):
-        return [script]
     parts: list[list[str]] = [[]]
     for line in script.splitlines():
         if line.strip() == ORACLE_CALL_BREAK:
             parts.append([])
         else:
             parts[-1].append(line)
+    if len(parts) == 1:
+        return [script]
     return ["\n".join(p).strip("\n") + "\n" for p in parts if "\n".join(p).strip()] or [script]
 
 
