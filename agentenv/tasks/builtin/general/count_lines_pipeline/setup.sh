@@ -2,6 +2,7 @@ mkdir -p /workspace/pipeline
 cat > /workspace/pipeline/common.py <<'PY'
 """What every stage shares: where the stages leave their output, and the digest each checks."""
 import hashlib
+import json
 import sys
 
 DIR = "/workspace/pipeline"
@@ -18,6 +19,15 @@ def read(path: str, before: str) -> bytes:
             return fh.read()
     except FileNotFoundError:
         sys.exit(f"{path} is missing: run {before} first")
+
+
+def checked(name: str, stage: str, before: str) -> bytes:
+    """``name``'s bytes, checked against the digest ``before`` wrote beside them (the ``.json`` of the same stem)."""
+    data = read(f"{DIR}/{name}", before)
+    meta = json.loads(read(f"{DIR}/{name.rsplit('.', 1)[0]}.json", before))
+    if digest(data, stage) != meta["digest"]:
+        sys.exit(f"{name} does not match its digest: run {before} again")
+    return data
 PY
 cat > /workspace/pipeline/fetch.py <<'PY'
 """Stage 1: fetch the records (here: made from the dataset's seed) and write them compressed, with their digest."""
@@ -41,15 +51,11 @@ PY
 cat > /workspace/pipeline/unpack.py <<'PY'
 """Stage 2: check the fetched records against their digest and unpack them."""
 import json
-import sys
 import zlib
 
-from common import DIR, digest, read
+from common import DIR, checked, digest
 
-blob = read(f"{DIR}/fetched.zz", "fetch.py")
-meta = json.loads(read(f"{DIR}/fetched.json", "fetch.py"))
-if digest(blob, "fetch") != meta["digest"]:
-    sys.exit("fetched.zz does not match its digest: run fetch.py again")
+blob = checked("fetched.zz", "fetch", "fetch.py")
 text = zlib.decompress(blob)
 with open(f"{DIR}/unpacked.txt", "wb") as fh:
     fh.write(text)
@@ -59,15 +65,9 @@ print(f"unpacked {len(text)} bytes")
 PY
 cat > /workspace/pipeline/clean.py <<'PY'
 """Stage 3: check the unpacked records and write /workspace/data.txt."""
-import json
-import sys
+from common import checked
 
-from common import DIR, digest, read
-
-text = read(f"{DIR}/unpacked.txt", "unpack.py")
-meta = json.loads(read(f"{DIR}/unpacked.json", "unpack.py"))
-if digest(text, "unpack") != meta["digest"]:
-    sys.exit("unpacked.txt does not match its digest: run unpack.py again")
+text = checked("unpacked.txt", "unpack", "unpack.py")
 with open("/workspace/data.txt", "wb") as fh:
     fh.write(text)
 print("wrote /workspace/data.txt")
