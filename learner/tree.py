@@ -25,7 +25,14 @@ and every token of ``s`` gets ``A(s)``. Departures from the papers:
   term would repeat the global one. So a group with no branching is GRPO
   exactly (``sigma``: unbiased, as ``learner.advantages.grpo``), and the trunk
   itself gets 0 (``V = mu``);
-- ``estimator: dr_grpo`` divides by 1 instead of ``sigma + eps``.
+- ``estimator: dr_grpo`` divides by 1 instead of ``sigma + eps``;
+- ``tree_local`` weights the local term (1 by default). At 0 a leaf's own
+  segment gets its GRPO advantage ``(r - mu) / sigma`` and a shared segment
+  the mean of its leaves' GRPO advantages: what the unshared GRPO loss gives
+  a shared token (exactly at the first update of an iteration, where the
+  ratio is 1, for token-mean aggregation), so branching then changes which
+  episodes are sampled, not how a leaf is scored. At 1 a leaf's own tokens
+  get the global and the sibling term, about twice plain GRPO's scale.
 
 Prefix-shared packing (``pack_shared``): each group's trie goes into one row,
 every segment once, parents first; ``tree_attention_mask`` lets a token see
@@ -114,7 +121,7 @@ def tree_advantages(
         local_term = 0.0
         if s.parent >= 0 and not trunk_S[s.parent]:
             sib = children[s.parent]
-            local_term = (value_S[i] - sum(value_S[c] for c in sib) / len(sib)) / scale
+            local_term = cfg.tree_local * (value_S[i] - sum(value_S[c] for c in sib) / len(sib)) / scale
         adv_S.append(global_term + local_term)
     return adv_S
 

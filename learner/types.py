@@ -264,6 +264,9 @@ class AdvantageConfig(BaseModel):
     dynamic_sampling: bool = False
     tree: bool = Field(default=False, description="tree-structured advantages (learner.tree.tree_items): a segment "
                        "shared by branched episodes is compared with its siblings, not once per leaf")
+    tree_local: float = Field(default=1.0, ge=0.0, description="the weight of a segment's local term (against its "
+                              "siblings) in the tree advantage; 0 leaves the global term alone, which trains every "
+                              "leaf as plain GRPO would")
 
     @model_validator(mode="after")
     def _check(self) -> AdvantageConfig:

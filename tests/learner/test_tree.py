@@ -59,6 +59,16 @@ def test_tree_advantages_hand_case() -> None:
     assert items[0].sample_id == "a1/0" and items[0].group_id == "t/0"
 
 
+def test_tree_local_weights_the_sibling_term() -> None:
+    # the hand case: at 0 the leaves get r - mu alone (a 0.25, b1 0.25, b2 -0.75); at 0.5 half the sibling term
+    for weight, b1, b2 in ((0.0, 0.25, -0.75), (0.5, 0.5, -1.0)):
+        items = tree_items([_hand_tree()], AdvantageConfig(estimator=AdvantageEstimator.DR_GRPO, tree_local=weight))
+        assert [it.advantage for it in items] == [
+            (0.0, 0.0, 0.25, 0.25, 0.25), (0.0, 0.0, 0.25, 0.25, 0.25),
+            (0.0, 0.0, -0.25, -0.25, b1), (0.0, 0.0, -0.25, -0.25, b2),
+        ]
+
+
 def test_a_group_without_branching_is_grpo() -> None:
     rng = random.Random(0)
     rewards = [1.0, 0.0, 0.0, 1.0, 0.5]
