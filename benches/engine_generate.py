@@ -17,12 +17,13 @@ Three contenders on the same model and the same random prompts, in one run:
   graph capture) excluded. ``--decode-steps`` / ``--fuse`` / ``--attention`` set its options (default: the
   engine's).
 - ``engine_1step`` (``--compare``): the same engine one decode step per host look, without the fused
-  kernels and with SDPA attention (``decode_steps=1, fuse=False, attention="sdpa"``: the engine as it was
-  before multi-step decoding), same run.
+  kernels, with SDPA attention and the torch sampler (``decode_steps=1, fuse=False, attention="sdpa",
+  sampler="torch"``: the engine as it was before multi-step decoding), same run.
 
 ``--parts`` (CUDA) times the pieces of a step at every concurrency with CUDA events: a graph replay of one
-decode step, ``sample_rows`` on its logits, one step of an 8-step ``decode_sample`` replay, for the modules
-with SDPA, the fused kernels with SDPA and the fused kernels with the split-K attention, and counts the
+decode step, ``sample_rows`` and ``sample_fused`` on its logits, one step of an 8-step ``decode_sample``
+replay, for the modules with SDPA, the fused kernels with SDPA, the fused kernels with the split-K attention
+(these three with the torch sampler) and all of it with the fused sampler (``fused_all``), and counts the
 kernels of one eager step (``torch.profiler``).
 
 Tokens/s counts new tokens only. ``roofline`` (CUDA): the decode roofline of bf16 weights + each
@@ -134,7 +135,7 @@ def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.devi
 def step_parts(model: Any, n: int, length: int, device: torch.device, repeats: int = 20) -> dict[str, Any]:
     """Milliseconds of the pieces of one decode step at ``n`` rows attending over ``length`` (CUDA events)."""
     from rollout.engine_model import SlotModel
-    from rollout.engine_sampling import sample_rows
+    from rollout.engine_sampling import fused_available, sample_fused, sample_rows
 
     def timed(fn: Any) -> float:
         fn()
@@ -150,13 +151,20 @@ def step_parts(model: Any, n: int, length: int, device: torch.device, repeats: i
     out: dict[str, Any] = {"rows": n, "length": length}
     tokens, pos = [1] * n, [length - 16 - (i % 64) for i in range(n)]
     temp, top_p = [1.0] * n, [1.0] * n
-    for tag, fuse, attention in (("modules", False, "sdpa"), ("fused", True, "sdpa"), ("fused_triton", True, "triton")):
-        sm = SlotModel(model, slots=n, length=length, graphs=True, fuse=fuse, attention=attention)
+    variants = [("modules", False, "sdpa", "torch"), ("fused", True, "sdpa", "torch"),
+                ("fused_triton", True, "triton", "torch")]
+    if fused_available(device):
+        variants.append(("fused_all", True, "triton", "triton"))
+    for tag, fuse, attention, sampler in variants:
+        sm = SlotModel(model, slots=n, length=length, graphs=True, fuse=fuse, attention=attention, sampler=sampler)
         logits = sm.decode(tokens, pos, n, length)
         out[f"decode_graph_ms_{tag}"] = timed(lambda: sm.decode(tokens, pos, n, length))
         one = torch.ones(n, device=device)
         u = torch.rand(n, dtype=torch.float64, device=device)
         out[f"sample_rows_ms_{tag}"] = timed(lambda: sample_rows(logits, one, one, u))
+        if sampler == "triton":
+            raw = logits.to(model.dtype)  # what the step hands the kernels: the model's dtype
+            out[f"sample_fused_ms_{tag}"] = timed(lambda: sample_fused(raw, one, u))
         u_KN = [[0.5] * n for _ in range(8)]
         out[f"decode_sample8_ms_per_step_{tag}"] = timed(
             lambda: sm.decode_sample(tokens, [p - 8 for p in pos], n, length, 8, temp, top_p, u_KN)) / 8
@@ -223,6 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--decode-steps", type=int, help="the engine's decode_steps (default: its own, 8 on CUDA)")
     ap.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None, help="the engine's fuse (default: on CUDA)")
     ap.add_argument("--attention", choices=["sdpa", "triton"], help="the engine's decode attention (default: its own)")
+    ap.add_argument("--sampler", choices=["torch", "triton"], help="the engine's multi-step sampler (default: its own)")
     ap.add_argument("--compare", action="store_true", help="also the engine one step at a time, unfused (engine_1step)")
     ap.add_argument("--parts", action="store_true", help="CUDA: time the pieces of a step (see the module docstring)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
@@ -249,12 +258,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = model.to(device=device, dtype=dtype).eval()
     legacy = HFPolicy(model, tok, device=device, engine=False, stop_token_ids=(), name="episode-path")
     engine = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps, fuse=args.fuse,
-                    attention=args.attention)
+                    attention=args.attention, sampler=args.sampler)
     engine.reserve(max(args.concurrency), hi + new)
     old = None
     if args.compare:
         old = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=1, fuse=False, attention="sdpa",
-                     name="engine-1step")
+                     sampler="torch", name="engine-1step")
         old.reserve(max(args.concurrency), hi + new)
     rows: list[dict[str, Any]] = []
     for n in args.concurrency:
@@ -341,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     pass
     result = {"h200": h200, "prompt_min": lo, "prompt_max": hi, "new": new, "baseline_new": base_new,
               "legacy_turns": legacy_turns, "legacy_new": legacy_new, "rows": rows, "weight_sync_s": sync,
-              "decode_steps": args.decode_steps, "fuse": args.fuse, "parts": parts,
+              "decode_steps": args.decode_steps, "fuse": args.fuse, "sampler": args.sampler, "parts": parts,
               "torch": torch.__version__, "device": torch.cuda.get_device_name() if h200 else "cpu"}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -157,6 +157,8 @@ class Engine:
     what a step waits on, and one step at a time keeps the CPU runs' numbers as they were). ``fuse``: the fused
     pointwise kernels of ``SlotModel`` (None = on CUDA). ``attention``: the decode attention, ``"triton"`` (the
     split-K kernels of ``rollout.engine_attention``) or ``"sdpa"`` (None = Triton on CUDA with a 16-bit model).
+    ``sampler``: multi-step decode's sampling, ``"triton"`` (``rollout.engine_sampling.sample_fused`` where no row
+    has ``top_p < 1``) or ``"torch"`` (``sample_static``; None = Triton on CUDA).
     """
 
     def __init__(
@@ -176,6 +178,7 @@ class Engine:
         decode_steps: int | None = None,
         fuse: bool | None = None,
         attention: str | None = None,
+        sampler: str | None = None,
     ) -> None:
         if not supports(model):
             raise EngineRequestError(f"{name}: model_type {getattr(model.config, 'model_type', None)!r} is not supported")
@@ -199,7 +202,7 @@ class Engine:
         self._cap_len = -(-self.max_len // self.len_step) * self.len_step  # the cache's longest (aligned) length
         self.slots = SlotModel(
             model, slots=min(8, self.max_slots), length=min(512 if cuda else 64, self.max_len), graphs=graphs, fuse=fuse,
-            attention=attention,
+            attention=attention, sampler=sampler,
         )
         steps = decode_steps if decode_steps is not None else (8 if graphs else 1)
         if not 1 <= steps <= MAX_STEPS:

@@ -36,6 +36,11 @@ Prefill runs the same kernels.
 models): the split-K kernels of ``rollout.engine_attention`` read only each
 row's own positions and write the step's key and value themselves; ``"sdpa"``
 attends over the whole length bucket with a mask (and a scatter writes k/v).
+
+**Sampling** (``sampler``; ``"triton"`` by default on CUDA): multi-step decode
+samples with ``rollout.engine_sampling.sample_fused`` (two kernels reading the
+logits once, in the model's dtype) when no row has ``top_p < 1``, else with
+``sample_static``; ``"torch"`` always takes ``sample_static``.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ import torch
 import torch.nn.functional as F
 
 from rollout import engine_attention
-from rollout.engine_sampling import sample_static
+from rollout import engine_sampling
+from rollout.engine_sampling import sample_fused, sample_static
 
 SUPPORTED = ("qwen2", "qwen3", "llama", "mistral")
 MAX_STEPS = 32  # the most decode steps one ``decode_sample`` call runs
@@ -116,7 +122,7 @@ class SlotModel:
 
     def __init__(
         self, model: Any, *, slots: int, length: int, graphs: bool = False, fuse: bool | None = None,
-        attention: str | None = None,
+        attention: str | None = None, sampler: str | None = None,
     ) -> None:
         if not supports(model):
             raise ValueError(f"SlotModel: model_type {getattr(model.config, 'model_type', None)!r} is not one of {SUPPORTED}")
@@ -153,6 +159,10 @@ class SlotModel:
             "triton" if engine_attention.available(self.device, self.dtype, self.head_dim) else "sdpa")
         if self.attention == "triton" and not engine_attention.shape_ok(self.head_dim):
             raise ValueError(f"SlotModel: attention='triton' takes head_dim a power of two in [16, 256], got {self.head_dim}")
+        if sampler not in (None, "torch", "triton"):
+            raise ValueError(f"SlotModel: sampler must be 'torch' or 'triton', got {sampler!r}")
+        # multi-step decode's sampler: the fused kernels of ``engine_sampling`` by default where they run
+        self.sampler = sampler or ("triton" if engine_sampling.fused_available(self.device) else "torch")
         self.slots = 0
         self.length = 0
         self.k: list[torch.Tensor] = []
@@ -208,8 +218,9 @@ class SlotModel:
         h = residual + layer.self_attn.o_proj(attn_out)
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
-    def _logits(self, h_ND: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(h_ND)).float()
+    def _logits(self, h_ND: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        out: torch.Tensor = self.lm_head(self.norm(h_ND))
+        return out.float() if upcast else out
 
     # ------------------------------------------------------------ prefill
 
@@ -276,8 +287,9 @@ class SlotModel:
         assert delta is not None
         return h + delta
 
-    def _fused_logits(self, h_ND: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self._rms(h_ND, self.norm.weight, self.norm.variance_epsilon)).float()
+    def _fused_logits(self, h_ND: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        out: torch.Tensor = self.lm_head(self._rms(h_ND, self.norm.weight, self.norm.variance_epsilon))
+        return out.float() if upcast else out
 
     # ------------------------------------------------------------ decode
 
@@ -289,8 +301,9 @@ class SlotModel:
         )
         return o.reshape(b, 1, self.heads * self.head_dim)
 
-    def _step(self, tokens_B: torch.Tensor, pos_B: torch.Tensor, b: int, length: int) -> torch.Tensor:
-        """One decode step: feed ``tokens_B`` at ``pos_B`` (rows ``0..b-1``), attend over ``length``; logits ``[b, V]``."""
+    def _step(self, tokens_B: torch.Tensor, pos_B: torch.Tensor, b: int, length: int, upcast: bool = True) -> torch.Tensor:
+        """One decode step: feed ``tokens_B`` at ``pos_B`` (rows ``0..b-1``), attend over ``length``; logits ``[b, V]``
+        (fp32, or the model's dtype with ``upcast=False``)."""
         rows = self._rows[:b]
         h = self.embed(tokens_B[:, None])
         cos, sin = self.rotary(h, pos_B[:, None])
@@ -313,12 +326,12 @@ class SlotModel:
             return self._attend(li, q, b, length, masks.get(self.windows[li]))
 
         if self.fuse:
-            return self._fused_logits(self._fused_layers(h, cos, sin, attend)[:, 0])
+            return self._fused_logits(self._fused_layers(h, cos, sin, attend)[:, 0], upcast)
         for li, layer in enumerate(self.layers):
             residual = h
             q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), cos, sin)
             h = self._finish_layer(layer, residual, attend(li, q, k, v))
-        return self._logits(h[:, 0])
+        return self._logits(h[:, 0], upcast)
 
     def _decode_body(self, b: int, length: int) -> torch.Tensor:
         return self._step(self._tokens[:b], self._pos[:b], b, length)
@@ -327,8 +340,12 @@ class SlotModel:
         tok, pos = self._tokens[:b], self._pos[:b]
         temp, top_p = self._temp[:b], self._top_p[:b]
         tokens, logps = [], []
+        fused = self.sampler == "triton" and not nucleus
         for i in range(steps):
-            tok, logp = sample_static(self._step(tok, pos + i, b, length), temp, top_p, self._u[i, :b], nucleus)
+            if fused:  # the logits in the model's dtype, read once by the kernels
+                tok, logp = sample_fused(self._step(tok, pos + i, b, length, upcast=False), temp, self._u[i, :b])
+            else:
+                tok, logp = sample_static(self._step(tok, pos + i, b, length), temp, top_p, self._u[i, :b], nucleus)
             tokens.append(tok)
             logps.append(logp)
         return torch.stack(tokens), torch.stack(logps)

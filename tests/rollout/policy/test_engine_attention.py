@@ -1,8 +1,9 @@
-"""The split-K decode attention (``rollout.engine_attention``) computes what SDPA computes: the kernels alone
-(positions, windows, chunk counts) and inside the engine's decode step, run on CPU through Triton's interpreter.
+"""The split-K decode attention (``rollout.engine_attention``) computes what SDPA computes, and the fused sampler
+(``rollout.engine_sampling.sample_fused``) what ``sample_static`` computes: the kernels alone and inside the
+engine's decode step, run on CPU through Triton's interpreter.
 
 Triton reads ``TRITON_INTERPRET`` when it is imported, and the test session has imported it by then, so those
-checks live in ``interpreted_engine_attention.py`` and run here in a child pytest with the variable set."""
+checks live in ``interpreted_engine_kernels.py`` and run here in a child pytest with the variable set."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from rollout.policy.models import tiny_model
 
 pytestmark = pytest.mark.unit
 
-INTERPRETED = Path(__file__).with_name("interpreted_engine_attention.py")
+INTERPRETED = Path(__file__).with_name("interpreted_engine_kernels.py")
 
 
 @pytest.mark.slow
@@ -30,7 +31,7 @@ def test_the_kernels_under_tritons_interpreter() -> None:
                           env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[3])
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
-    assert "12 passed" in tail and "skipped" not in tail and "deselected" not in tail, tail
+    assert "18 passed" in tail and "skipped" not in tail and "deselected" not in tail, tail
 
 
 def test_slot_model_refuses_an_unknown_attention_or_a_head_size_the_kernels_do_not_take(tiny: Any) -> None:

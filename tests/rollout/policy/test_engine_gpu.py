@@ -80,3 +80,27 @@ def test_split_k_attention_matches_sdpa_in_bf16_on_the_device() -> None:
         # the next step reads the key and value the kernel wrote for the first (SDPA: the scatter wrote them)
         logits[attention] = torch.cat([first, sm.decode([9, 8, 7, 6, 5], [p + 1 for p in pos_list], 8, 256)[:5]])
     assert (logits["sdpa"] - logits["triton"]).abs().max().item() < 5e-2
+
+
+def test_fused_sampler_on_the_device_at_the_05b_vocabulary() -> None:
+    """``sample_fused`` (the engine's default multi-step sampler on CUDA) on bf16 logits at Qwen2's vocabulary: the
+    token is the fp64 inverse-CDF draw (up to fp32 rounding at a CDF step's edge, so a handful of rows at most) and
+    the logprob the fp64 log-softmax of the bf16 logits."""
+    from rollout.engine_sampling import fused_available, sample_fused
+
+    assert fused_available(torch.device("cuda"))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows, vocab = 256, 151936
+    logits = (torch.randn(rows, vocab, device="cuda", generator=g) * 4).to(torch.bfloat16)
+    temp = torch.rand(rows, device="cuda", generator=g) * 1.5 + 0.2
+    temp[::7] = 0.0  # greedy rows
+    u = torch.rand(rows, device="cuda", generator=g, dtype=torch.float64)
+    tok, logp = sample_fused(logits, temp, u)
+    x = logits.double() / torch.where(temp > 0, temp, 1.0).double()[:, None]
+    logp_ref = torch.log_softmax(x, dim=-1)
+    cdf = logp_ref.exp().cumsum(-1)
+    drawn = torch.searchsorted(cdf, u[:, None], right=True)[:, 0].clamp_max(vocab - 1)
+    want = torch.where(temp > 0, drawn, logits.float().argmax(-1))
+    assert torch.equal(tok[temp == 0], want[temp == 0])
+    assert (tok != want).sum().item() <= 3
+    assert (logp.double() - logp_ref.gather(-1, tok[:, None])[:, 0]).abs().max().item() < 1e-4

@@ -1,7 +1,9 @@
-"""Run by ``test_engine_attention.py`` in a child pytest with ``TRITON_INTERPRET=1`` (the kernels on CPU)."""
+"""Run by ``test_engine_attention.py`` in a child pytest with ``TRITON_INTERPRET=1`` (the kernels on CPU): the
+split-K decode attention and the fused sampler."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -10,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rollout import engine_attention
+from rollout import engine_attention, engine_sampling
 from rollout.engine import Engine, EngineRequest
 from rollout.engine_model import SlotModel
+from rollout.engine_sampling import sample_fused, sample_static
 from rollout.policy.models import tiny_model
 
 pytestmark = pytest.mark.unit
@@ -122,3 +125,61 @@ def test_engine_with_the_kernels_generates_what_it_generates_with_sdpa(interpret
     for a, b in zip(outs["sdpa"], outs["triton"], strict=True):
         assert a.token_ids == b.token_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+# ---------------------------------------------------------------- the fused sampler
+
+
+@pytest.fixture()
+def sampler_kernels() -> tuple[Any, Any]:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run through test_engine_attention.py"
+    return engine_sampling._kernels() or pytest.fail("Triton did not import")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [300, 2 * engine_sampling.CHUNK + 77])  # one chunk; three, the last one short
+def test_fused_sampler_draws_what_sample_static_draws(sampler_kernels: tuple[Any, Any], dtype: torch.dtype,
+                                                      vocab: int) -> None:
+    g = torch.Generator().manual_seed(11)
+    rows = 12
+    logits = (torch.randn(rows, vocab, generator=g) * 3).to(dtype)
+    logits[3, vocab - 5] = 40.0  # nearly all the mass on the last chunk's tail
+    logits[4, :] = -30.0
+    logits[4, 7] = logits[4, vocab - 1] = 5.0  # two equal maxima: greedy takes the first
+    temp = torch.tensor([0.0, 1.0, 0.7, 1.5, 0.0, 1.0, 1.0, 1.0, 0.3, 2.0, 1.0, 0.0])
+    u = torch.rand(rows, generator=g, dtype=torch.float64)
+    u[5], u[6], u[7] = 0.0, 1 - 1e-9, 0.5  # the CDF's two ends
+    tok, logp = sample_fused(logits, temp, u, kernels=sampler_kernels)
+    want_tok, want_logp = sample_static(logits, temp, torch.ones(rows), u, nucleus=False)
+    assert tok.dtype == torch.int64 and logp.dtype == torch.float32
+    assert tok.tolist() == want_tok.tolist()
+    assert (logp - want_logp).abs().max().item() < 1e-5
+    assert tok[4].item() == 7 and tok[3].item() == vocab - 5
+
+
+def test_fused_sampler_follows_the_uniforms_across_chunks(sampler_kernels: tuple[Any, Any]) -> None:
+    # a flat distribution over three chunks: the token is floor(u * V), wherever the chunk edges fall
+    vocab = 2 * engine_sampling.CHUNK + 100
+    u = torch.tensor([0.0, 0.3, engine_sampling.CHUNK / vocab + 1e-6, 0.75, 0.9999], dtype=torch.float64)
+    tok, logp = sample_fused(torch.zeros(len(u), vocab), torch.ones(len(u)), u, kernels=sampler_kernels)
+    assert tok.tolist() == [int(x * vocab) for x in u.tolist()]
+    assert logp.tolist() == pytest.approx([-math.log(vocab)] * len(u), abs=1e-5)
+    with pytest.raises(ValueError, match="contiguous last dim"):
+        sample_fused(torch.zeros(vocab, 2).t(), torch.ones(2), u[:2], kernels=sampler_kernels)
+
+
+def test_decode_sample_with_the_fused_sampler_matches_torch(interpreted: tuple[Any, Any], tiny: Any) -> None:
+    model, tok = tiny_model(seed=0, tokenizer=tiny[1])
+    prompts = [tok.encode(t) for t in ("List the files.", "hi", "Count the lines of a.txt, please.")]
+    pos = [len(p) for p in prompts]
+    out = {}
+    for sampler in ("torch", "triton"):
+        sm = SlotModel(model, slots=4, length=64, attention="triton", sampler=sampler)
+        assert sm.sampler == sampler
+        sm.prefill([0, 1, 2], prompts)
+        out[sampler] = sm.decode_sample([5, 6, 7], pos, 4, 64, 5, [1.0, 0.0, 0.8], [1.0] * 3,
+                                        [[0.3, 0.6, 0.9], [0.01, 0.5, 0.99]] * 2 + [[0.5] * 3])
+    (t_a, l_a), (t_b, l_b) = out["torch"], out["triton"]
+    assert torch.equal(t_a, t_b) and (l_a - l_b).abs().max().item() < 1e-5
+    with pytest.raises(ValueError, match="sampler must be"):
+        SlotModel(model, slots=2, length=64, sampler="gumbel")
