@@ -21,7 +21,7 @@ def test_the_pipeline_twins_differ_only_in_branching_and_tree_training(flat_conf
     plain = flat_config(EXAMPLES / "pipeline_plain.yaml")
     tree = flat_config(EXAMPLES / "pipeline_tree.yaml")
     differ = {k for k in plain.keys() | tree.keys() if plain.get(k) != tree.get(k)}
-    assert differ == {"run_id", "trainer.prefix_sharing", "rl.advantage.tree"} | {
+    assert differ == {"run_id", "trainer.prefix_sharing", "rl.advantage.tree", "rl.advantage.tree_local"} | {
         k for k in tree if k.startswith("rollout.branching.") and tree[k] != plain.get(k)}
     assert tree["rollout.branching.kind"] == "fixed" and plain["rollout.branching.kind"] == "off"
     assert tree["rollout.branching.k"] * tree["rollout.branching.roots_per_group"] == plain["rollout.group_size"]
