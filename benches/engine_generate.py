@@ -115,21 +115,24 @@ def run_generate(model: Any, ps: list[list[int]], new: int, device: torch.device
 
 def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.device) -> dict[str, Any]:
     def wave(seed: int) -> tuple[float, int, int, dict[str, float]]:
-        steps0, phases0 = engine.steps, dict(engine.phase_s)
+        steps0, phases0, prefills0 = engine.steps, dict(engine.phase_s), engine.prefills
         t0 = time.perf_counter()
         futs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=new, temperature=1.0, seed=seed + i))
                 for i, p in enumerate(ps)]
         outs = [f.result() for f in futs]
         _sync(device)
         phases = {k: v - phases0[k] for k, v in engine.phase_s.items()}
+        phases["prefill_calls"] = engine.prefills - prefills0
         return time.perf_counter() - t0, sum(len(o.token_ids) for o in outs), engine.steps - steps0, phases
 
     warm_s, _, _, _ = wave(10_000)  # graph capture for every (batch, length) bucket the wave meets
     seconds, tokens, steps, phases = wave(0)
     # where the engine thread's wall went in the timed wave: prefill, waiting on decode calls, host work (and idle)
+    calls = phases.pop("prefill_calls")
     phases["idle"] = max(seconds - sum(phases.values()), 0.0)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "turns": len(ps), "new": new,
-            "steps": steps, "ms_per_step": 1000 * seconds / max(steps, 1), "warmup_s": warm_s, "phases_s": phases}
+            "steps": steps, "ms_per_step": 1000 * seconds / max(steps, 1), "warmup_s": warm_s, "phases_s": phases,
+            "prefill_calls": calls}
 
 
 def step_parts(model: Any, n: int, length: int, device: torch.device, repeats: int = 20) -> dict[str, Any]:
@@ -323,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       f"{100 * e / roof:.1f}%" if roof else "-")
     console.print(table)
     phase_table = Table(title="the engine thread's wall in the timed wave, seconds (decode: waiting on decode calls)")
-    for col in ("turns", "contender", "wall", "prefill", "decode", "host", "idle", "decode ms / step"):
+    for col in ("turns", "contender", "wall", "prefill", "decode", "host", "idle", "decode ms / step", "prefills"):
         phase_table.add_column(col, justify="right")
     for row in rows:
         for name in ("engine_1step", "engine"):
@@ -331,7 +334,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 r, ph = row[name], row[name]["phases_s"]
                 phase_table.add_row(str(row["concurrency"]), name, f"{r['seconds']:.3f}",
                                     *(f"{ph[k]:.3f}" for k in ("prefill", "decode", "host", "idle")),
-                                    f"{1000 * ph['decode'] / max(r['steps'], 1):.2f}")
+                                    f"{1000 * ph['decode'] / max(r['steps'], 1):.2f}", str(r.get("prefill_calls", "-")))
     console.print(phase_table)
     console.print(f"in-process weight update ({sync['bytes'] / 2**20:,.0f} MiB, copy_ into the engine's model): "
                   f"wait {sync['wait']:.4f} s, keep {sync['keep']:.4f} s (median of 3)")

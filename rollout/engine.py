@@ -11,9 +11,10 @@ bucket, and runs ``decode_steps`` (8) steps per replay, sampling on the device
 from each request's pre-drawn uniforms, before the host looks once: the host
 then takes each request's tokens one by one under the same rules as a single
 step and drops those past a stop (``_multi_step``). While a request feeds a
-budget's close tag the engine goes one step at a time. A request that arrives while the engine is idle waits up to
-``admission_window_s`` (2 ms on CUDA, none on CPU) for others, so a burst of
-turns is prefilled together; later ones join the running batch at the next step.
+budget's close tag the engine goes one step at a time. A request that arrives while the engine is idle opens an
+admission window: the engine waits until no request has arrived for ``admission_window_s`` (2 ms on CUDA, none on
+CPU; at most 10 such windows in all), so a burst of turns submitted one by one is prefilled together; later ones
+join the running batch at the next step.
 
 **What a request gets back** (``EngineOutput``): the token ids, each one's
 logprob (``rollout.engine_sampling``: fp32 log-softmax at the request's
@@ -158,7 +159,9 @@ class Engine:
     pointwise kernels of ``SlotModel`` (None = on CUDA). ``attention``: the decode attention, ``"triton"`` (the
     split-K kernels of ``rollout.engine_attention``) or ``"sdpa"`` (None = Triton on CUDA with a 16-bit model).
     ``sampler``: multi-step decode's sampling, ``"triton"`` (``rollout.engine_sampling.sample_fused`` where no row
-    has ``top_p < 1``) or ``"torch"`` (``sample_static``; None = Triton on CUDA).
+    has ``top_p < 1``) or ``"torch"`` (``sample_static``; None = Triton on CUDA). ``pack``: with ``fuse``, each
+    layer's q/k/v and gate/up projections as one GEMM each, the modules' weights made views of the packed tensors
+    (``SlotModel``; None = on CUDA).
     """
 
     def __init__(
@@ -179,6 +182,7 @@ class Engine:
         fuse: bool | None = None,
         attention: str | None = None,
         sampler: str | None = None,
+        pack: bool | None = None,
     ) -> None:
         if not supports(model):
             raise EngineRequestError(f"{name}: model_type {getattr(model.config, 'model_type', None)!r} is not supported")
@@ -202,7 +206,7 @@ class Engine:
         self._cap_len = -(-self.max_len // self.len_step) * self.len_step  # the cache's longest (aligned) length
         self.slots = SlotModel(
             model, slots=min(8, self.max_slots), length=min(512 if cuda else 64, self.max_len), graphs=graphs, fuse=fuse,
-            attention=attention, sampler=sampler,
+            attention=attention, sampler=sampler, pack=pack,
         )
         steps = decode_steps if decode_steps is not None else (8 if graphs else 1)
         if not 1 <= steps <= MAX_STEPS:
@@ -227,6 +231,8 @@ class Engine:
         # first token), waiting on decode calls (launch to the host's copy of the tokens), and the host's own work
         # around them (building a call's inputs, taking its tokens under the stop rules).
         self.phase_s = {"prefill": 0.0, "decode": 0.0, "host": 0.0}
+        self.prefills = 0  # prefill forwards run (a burst admitted together is one per length-sorted chunk)
+        self._arrived = 0.0  # monotonic time of the latest submit (the admission window waits for a quiet gap)
         self._thread = threading.Thread(target=self._loop, name=f"{name}-loop", daemon=True)
         self._thread.start()
 
@@ -270,6 +276,7 @@ class Engine:
             if self._closed:
                 raise EngineClosed(f"{self.name}: closed")
             self._waiting.append(live)
+            self._arrived = time.monotonic()
             self._cond.notify_all()
         return fut
 
@@ -444,7 +451,7 @@ class Engine:
                 if self._closed:
                     return
                 if not self._running and self.admission_window_s > 0:  # idle: let a burst gather
-                    self._cond.wait(self.admission_window_s)
+                    self._gather()
                 admitted = self._admit()
             try:
                 with self._step:
@@ -456,6 +463,18 @@ class Engine:
                         self._release(live)
                         if not live.fut.done():
                             live.fut.set_exception(EngineError(f"{self.name}: generation failed ({type(exc).__name__}: {exc})"))
+
+    def _gather(self) -> None:
+        """Wait (holding ``_cond``'s wait) until no request has arrived for ``admission_window_s``, at most 10 windows:
+        a submit's notify must not end the window, or a burst is prefilled a request or two at a time."""
+        window = self.admission_window_s
+        cap = time.monotonic() + 10 * window
+        while not self._closed:
+            now = time.monotonic()
+            until = min(self._arrived + window, cap)
+            if now >= until:
+                return
+            self._cond.wait(until - now)
 
     def _has_work(self) -> bool:
         if self._held or self._paused == "abort":  # abort: no step more (the loop would win the step lock back)
@@ -512,6 +531,7 @@ class Engine:
                 chunks[-1].append(live)
             for chunk in chunks:
                 logits_NV = self.slots.prefill([lv.slot for lv in chunk], [lv.ids for lv in chunk])
+                self.prefills += 1
                 for lv in chunk:
                     lv.pos = len(lv.ids)
                 self._use(chunk, logits_NV)

@@ -33,10 +33,10 @@ def make_kernels() -> tuple[Any, Any]:
 
     @triton.jit
     def split_kernel(
-        Q, K, V, POS, M, L, ACC, KN, VN,
-        sq_b, sq_h, sq_g, sk_b, sk_h, sk_l, skn_b, skn_h, svn_b, svn_h, chunk, window, scale,
+        Q, K, V, POS, M, L, ACC, KN, VN, COS, SIN,
+        sq_b, sq_h, sq_g, sk_b, sk_h, sk_l, skn_b, skn_h, svn_b, svn_h, sc_b, chunk, window, scale,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, WINDOWED: tl.constexpr,
-        SPLITS: tl.constexpr, STORE: tl.constexpr,
+        SPLITS: tl.constexpr, STORE: tl.constexpr, ROPE: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)  # 64-bit offsets: a cache past 2**31 elements stays addressable
         h = tl.program_id(1)
@@ -50,6 +50,14 @@ def make_kernels() -> tuple[Any, Any]:
         g = tl.arange(0, G_PAD)
         d = tl.arange(0, D)
         q = tl.load(Q + b * sq_b + h * sq_h + g[:, None] * sq_g + d[None, :], mask=g[:, None] < G, other=0.0)
+        if ROPE:  # q and this step's key come unrotated: x * cos + rotate_half(x) * sin, in fp32, rounded once
+            d_rot = (d + D // 2) % D
+            sign = tl.where(d < D // 2, -1.0, 1.0)
+            cos = tl.load(COS + b * sc_b + d).to(tl.float32)
+            sin = tl.load(SIN + b * sc_b + d).to(tl.float32)
+            q_rot = tl.load(Q + b * sq_b + h * sq_h + g[:, None] * sq_g + d_rot[None, :], mask=g[:, None] < G,
+                            other=0.0)
+            q = (q.to(tl.float32) * cos[None, :] + q_rot.to(tl.float32) * (sign * sin)[None, :]).to(q.dtype)
         m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([G_PAD], dtype=tl.float32)
         acc = tl.zeros([G_PAD, D], dtype=tl.float32)
@@ -57,6 +65,9 @@ def make_kernels() -> tuple[Any, Any]:
         if STORE:  # this step's key and value: the chunk holding ``pos`` writes them, and uses them from registers
             kn = tl.load(KN + b * skn_b + h * skn_h + d)
             vn = tl.load(VN + b * svn_b + h * svn_h + d)
+            if ROPE:
+                kn_rot = tl.load(KN + b * skn_b + h * skn_h + d_rot)
+                kn = (kn.to(tl.float32) * cos + kn_rot.to(tl.float32) * sign * sin).to(kn.dtype)
             if pos // chunk == s:
                 tl.store(K + base + pos * sk_l + d, kn)
                 tl.store(V + base + pos * sk_l + d, vn)
@@ -131,6 +142,12 @@ def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
+def _launch(pairs: int) -> dict[str, int]:
+    """The split kernel's pipeline depth: 4 stages for few (row, kv head) pairs, Triton's default 3 otherwise
+    (on an H200 at 2 kv heads x 64-dim heads: 23.2 vs 26.0 us at 72 rows, 42.0 vs 40.6 at 144; dev/LOG.md)."""
+    return {"num_stages": 4} if pairs <= 160 else {}
+
+
 def splits_for(rows: int, kv_heads: int, length: int, device: torch.device) -> int:
     """Chunks per (row, kv head): enough programs for ~4 per SM, chunks of at least ``BLOCK_N`` keys and at most
     1,024, a power of two (the merge kernel's tile)."""
@@ -143,14 +160,18 @@ def splits_for(rows: int, kv_heads: int, length: int, device: torch.device) -> i
 def decode_attention(
     q_BHGD: torch.Tensor, k_SHLD: torch.Tensor, v_SHLD: torch.Tensor, pos_B: torch.Tensor, length: int,
     scale: float, window: int | None = None, kernels: tuple[Any, Any] | None = None, splits: int | None = None,
-    k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
+    k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None, cos_BD: torch.Tensor | None = None,
+    sin_BD: torch.Tensor | None = None, block: int = BLOCK_N, launch: dict[str, int] | None = None,
 ) -> torch.Tensor:
     """Row ``b``'s ``G`` query heads per kv head (``q_BHGD``: ``[B, kv_heads, G, D]``) over its cache positions
     ``0..pos_B[b]`` (and past ``pos_B[b] - window`` when ``window``), of cache rows ``0..B-1``
     (``k_SHLD`` / ``v_SHLD``: ``[slots, kv_heads, cache length, D]``); ``length`` bounds the positions read.
     ``k_new`` / ``v_new`` (``[B, kv_heads, D]``, both or neither): this step's key and value, written into the
     cache at ``pos_B`` by the same kernel (no separate scatter) and attended to. Returns ``[B, kv_heads, G, D]``
-    in ``q``'s dtype."""
+    in ``q``'s dtype. ``cos_BD`` / ``sin_BD`` (``[B, D]``, each row's rotary at ``pos_B``; with ``k_new``): ``q`` and
+    ``k_new`` come unrotated and the kernel applies the rotary embedding (``x * cos + rotate_half(x) * sin``) to
+    both, saving the step a kernel a layer. ``block`` (keys per loop iteration) and ``launch`` (Triton's ``num_warps`` /
+    ``num_stages`` for the split kernel) are tuning knobs for benches."""
     kern = kernels or _kernels()
     if kern is None:
         raise RuntimeError("decode_attention: Triton is not importable here")
@@ -166,9 +187,17 @@ def decode_attention(
     if store and (kn.shape != (b, kvh, d) or vn.shape != (b, kvh, d) or kn.stride(-1) != 1 or vn.stride(-1) != 1):
         raise ValueError(f"decode_attention: k_new / v_new must be [{b}, {kvh}, {d}] with a contiguous last dim, "
                          f"got {tuple(kn.shape)} and {tuple(vn.shape)}")
+    rope = cos_BD is not None
+    if rope != (sin_BD is not None) or (rope and not store):
+        raise ValueError("decode_attention: pass cos_BD and sin_BD together, and with k_new / v_new")
+    cs = cos_BD if cos_BD is not None else q_BHGD
+    sn = sin_BD if sin_BD is not None else q_BHGD
+    if rope and (cs.shape != (b, d) or sn.shape != (b, d) or cs.stride() != sn.stride() or cs.stride(-1) != 1):
+        raise ValueError(f"decode_attention: cos_BD / sin_BD must be [{b}, {d}] with one contiguous layout, "
+                         f"got {tuple(cs.shape)} and {tuple(sn.shape)}")
     n_split = splits or splits_for(b, kvh, length, q_BHGD.device)
     per_split = -(-length // n_split)  # positions a chunk covers, rounded up to whole blocks
-    chunk = -(-per_split // BLOCK_N) * BLOCK_N
+    chunk = -(-per_split // block) * block
     g_pad = max(16, 1 << (g - 1).bit_length())
     dev = q_BHGD.device
     m = torch.empty((b, kvh, n_split, g_pad), dtype=torch.float32, device=dev)
@@ -176,10 +205,11 @@ def decode_attention(
     acc = torch.empty((b, kvh, n_split, g_pad, d), dtype=torch.float32, device=dev)
     out = torch.empty_like(q_BHGD)
     split_kernel[(b, kvh, n_split)](
-        q_BHGD, k_SHLD, v_SHLD, pos_B, m, ls, acc, kn, vn,
+        q_BHGD, k_SHLD, v_SHLD, pos_B, m, ls, acc, kn, vn, cs, sn,
         q_BHGD.stride(0), q_BHGD.stride(1), q_BHGD.stride(2), k_SHLD.stride(0), k_SHLD.stride(1), k_SHLD.stride(2),
-        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), chunk, int(window or 0), float(scale),
-        G=g, G_PAD=g_pad, D=d, BLOCK=BLOCK_N, WINDOWED=bool(window), SPLITS=n_split, STORE=store,
+        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), cs.stride(0), chunk, int(window or 0), float(scale),
+        G=g, G_PAD=g_pad, D=d, BLOCK=block, WINDOWED=bool(window), SPLITS=n_split, STORE=store, ROPE=rope,
+        **(launch if launch is not None else _launch(b * kvh)),
     )
     merge_kernel[(b, kvh)](m, ls, acc, out, out.stride(0), out.stride(1), out.stride(2),
                            G=g, G_PAD=g_pad, D=d, SPLITS=n_split)

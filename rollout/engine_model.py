@@ -32,9 +32,23 @@ formulas elsewhere), about 15 kernels a layer instead of ~40. The projections
 stay the model's modules, so weights copied in place still reach every graph.
 Prefill runs the same kernels.
 
+**Packed projections** (``pack``; on by default with ``fuse`` on CUDA): each
+layer's q/k/v projections run as one GEMM and gate/up as another (two and one
+kernels fewer a layer; at 72 rows a step's time is set by its kernel count).
+No weight is copied: the layer's ``q_proj``/``k_proj``/``v_proj`` (and
+``gate_proj``/``up_proj``) weights and biases become views of one tensor each,
+so ``load_state_dict``, ``state_dict`` and in-place copies work as before and
+captured graphs see every update. What changes for the model's owner: its
+parameters in those modules are new ``Parameter`` objects (an optimizer built
+on the old ones would not reach the engine; the engine's model is the rollout
+side's own copy), ``deepcopy`` gives unshared copies, and safetensors refuses
+to save views of one storage (``torch.save`` keeps them). Moving the model
+(``.to``, as ``Engine.sleep`` does) breaks the views; the next call packs again.
+
 **Decode attention** (``attention``; ``"triton"`` by default on CUDA for 16-bit
 models): the split-K kernels of ``rollout.engine_attention`` read only each
-row's own positions and write the step's key and value themselves; ``"sdpa"``
+row's own positions and write the step's key and value themselves (on the fused
+path they also apply the rotary embedding to q and the new key); ``"sdpa"``
 attends over the whole length bucket with a mask (and a scatter writes k/v).
 
 **Sampling** (``sampler``; ``"triton"`` by default on CUDA): multi-step decode
@@ -97,6 +111,12 @@ def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def _swiglu_packed(gate_up: torch.Tensor) -> torch.Tensor:
+    """``_swiglu`` of the packed gate/up GEMM's output (gate first): one contiguous input for the kernel to read."""
+    gate, up = gate_up.chunk(2, -1)
+    return F.silu(gate) * up
+
+
 def _fusable(model: Any) -> bool:
     """Whether the fused formulas are this model's: RMSNorms with ``variance_epsilon``, a SiLU gated MLP."""
     layer = model.model.layers[0]
@@ -122,7 +142,7 @@ class SlotModel:
 
     def __init__(
         self, model: Any, *, slots: int, length: int, graphs: bool = False, fuse: bool | None = None,
-        attention: str | None = None, sampler: str | None = None,
+        attention: str | None = None, sampler: str | None = None, pack: bool | None = None,
     ) -> None:
         if not supports(model):
             raise ValueError(f"SlotModel: model_type {getattr(model.config, 'model_type', None)!r} is not one of {SUPPORTED}")
@@ -145,13 +165,18 @@ class SlotModel:
         self.graphs = bool(graphs) and self.device.type == "cuda"
         self.fuse = (self.device.type == "cuda" if fuse is None else bool(fuse)) and _fusable(model)
         self.eps = float(getattr(self.layers[0].input_layernorm, "variance_epsilon", 1e-6))
-        fns: tuple[Any, ...] = (_rms, _add_rms, _rope, _swiglu)
+        fns: tuple[Any, ...] = (_rms, _add_rms, _rope, _swiglu, _swiglu_packed)
         if self.fuse and self.device.type == "cuda":
             # Not fullgraph: dynamo keeps one cache per formula for the whole process (every SlotModel, dtype and
             # tensor rank adds a variant); past its recompile limit (8) a formula then runs eagerly instead of
             # raising FailOnRecompileLimitHit mid-decode (a second model in one process did).
             fns = tuple(torch.compile(f, dynamic=True) for f in fns)
-        self._rms, self._add_rms, self._rope, self._swiglu = fns
+        self._rms, self._add_rms, self._rope, self._swiglu, self._swiglu_packed = fns
+        # packed q/k/v and gate/up GEMMs (module docstring); only on the fused path, whose layer loop uses them
+        self.pack = self.fuse and (self.device.type == "cuda" if pack is None else bool(pack))
+        self._packed: list[tuple[Any, ...]] = []  # per layer: q/k/v weight, bias; gate/up weight, bias
+        self._qkv_sizes = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
+        self._views: list[tuple[torch.nn.Parameter, int]] = []  # (module parameter, expected data_ptr)
         if attention not in (None, "sdpa", "triton"):
             raise ValueError(f"SlotModel: attention must be 'sdpa' or 'triton', got {attention!r}")
         # decode attention: the split-K kernels (``rollout.engine_attention``) by default where they run, else SDPA
@@ -193,6 +218,7 @@ class SlotModel:
         self._rows = torch.arange(slots, device=self.device)
         self._captured.clear()
         self._pool = None  # the old graphs' pool dies with them: capturing into its handle again trips the allocator
+        self._check_packed()
 
     def release(self) -> None:
         """Free the cache and the captured graphs (``Engine.sleep``); ``ensure`` allocates again."""
@@ -200,6 +226,41 @@ class SlotModel:
         self.slots = self.length = 0
         self._captured.clear()
         self._pool = None
+
+    # ------------------------------------------------------------ packed projections
+
+    def _check_packed(self) -> None:
+        """Pack (again) when the modules' weights are no longer views of the packed tensors (first call; after
+        ``.to``). Captured graphs read the old tensors, so they are dropped with them."""
+        if not self.pack or (self._views and all(p.data_ptr() == ptr for p, ptr in self._views)):
+            return
+        groups: list[tuple[Any, tuple[str, ...]]] = [(layer.mlp, ("gate_proj", "up_proj")) for layer in self.layers]
+        groups += [(layer.self_attn, ("q_proj", "k_proj", "v_proj")) for layer in self.layers]
+        for owner, names in groups:  # a group whose biases are mixed (some, not all) is left unpacked
+            if len({getattr(getattr(owner, n), "bias", None) is None for n in names}) != 1:
+                self.pack = False
+                return
+        self._captured.clear()
+        self._pool = None
+        self._packed, self._views = [], []
+        with torch.no_grad():
+            for layer in self.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                qkv, gate_up = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+                self._packed.append((self._bind(qkv, "weight"), self._bind(qkv, "bias"),
+                                     self._bind(gate_up, "weight"), self._bind(gate_up, "bias")))
+
+    def _bind(self, modules: list[Any], name: str) -> torch.Tensor | None:
+        """One tensor holding ``modules``' ``name`` (weight or bias) along dim 0, each module's a view of it."""
+        olds = [getattr(m, name) for m in modules]
+        if olds[0] is None:
+            return None
+        packed = torch.cat([o.detach() for o in olds], 0)
+        for m, old, view in zip(modules, olds, packed.split([o.shape[0] for o in olds], 0), strict=True):
+            param = torch.nn.Parameter(view, requires_grad=old.requires_grad)
+            setattr(m, name, param)
+            self._views.append((param, view.data_ptr()))
+        return packed
 
     # ------------------------------------------------------------ pieces
 
@@ -227,6 +288,7 @@ class SlotModel:
     @torch.inference_mode()
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """Write ``prompts`` (right-padded into one batch) into ``slots``; the logits after each prompt, ``[n, V]``."""
+        self._check_packed()
         n, t = len(prompts), max(len(p) for p in prompts)
         ids_NT = torch.zeros((n, t), dtype=torch.long)
         for i, p in enumerate(prompts):
@@ -260,9 +322,12 @@ class SlotModel:
             h = self._finish_layer(layer, residual, attend(li, q, k, v))
         return self._logits(h[torch.arange(n, device=self.device), last_N])
 
-    def _fused_layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Any) -> torch.Tensor:
+    def _fused_layers(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Any, rope_in_attend: bool = False,
+    ) -> torch.Tensor:
         """The layers with the fused pointwise kernels: the last hidden states ``[b, t, hidden]`` (before the norm).
-        ``attend(li, q, k, v)`` (q/k/v ``[b, heads, t, d]``, rotary applied) stores k/v and returns ``[b, t, heads*d]``."""
+        ``attend(li, q, k, v)`` (q/k/v ``[b, heads, t, d]``, rotary applied) stores k/v and returns ``[b, t, heads*d]``;
+        with ``rope_in_attend`` it gets them as ``[b, t, heads, d]``, unrotated (the split-K kernel rotates them)."""
         b, t = h.shape[:2]
         delta: torch.Tensor | None = None
         for li, layer in enumerate(self.layers):
@@ -272,18 +337,30 @@ class SlotModel:
             else:  # the previous layer's MLP output joins the residual inside this layer's norm kernel
                 h, x = self._add_rms(h, delta, norm.weight, norm.variance_epsilon)
             attn = layer.self_attn
-            q = attn.q_proj(x).view(b, t, self.heads, self.head_dim)
-            k = attn.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
+            if self._packed:
+                q, k, v = F.linear(x, self._packed[li][0], self._packed[li][1]).split(self._qkv_sizes, -1)
+                q = q.view(b, t, self.heads, self.head_dim)
+                k = k.view(b, t, self.kv_heads, self.head_dim)
+                v = v.view(b, t, self.kv_heads, self.head_dim)
+            else:
+                q = attn.q_proj(x).view(b, t, self.heads, self.head_dim)
+                k = attn.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
+                v = attn.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
             if getattr(attn, "q_norm", None) is not None:  # Qwen3
                 q = self._rms(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
                 k = self._rms(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
-            q, k = self._rope(q, k, cos, sin)
-            o = attn.o_proj(attend(li, q, k, v.transpose(1, 2)))
+            if rope_in_attend:
+                o = attn.o_proj(attend(li, q, k, v))
+            else:
+                q, k = self._rope(q, k, cos, sin)
+                o = attn.o_proj(attend(li, q, k, v.transpose(1, 2)))
             post = layer.post_attention_layernorm
             h, x = self._add_rms(h, o, post.weight, post.variance_epsilon)
             mlp = layer.mlp
-            delta = mlp.down_proj(self._swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
+            if self._packed:
+                delta = mlp.down_proj(self._swiglu_packed(F.linear(x, self._packed[li][2], self._packed[li][3])))
+            else:
+                delta = mlp.down_proj(self._swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
         assert delta is not None
         return h + delta
 
@@ -314,19 +391,27 @@ class SlotModel:
             masks = {w: (full_BL & (j_L[None, :] > pos_B[:, None] - w))[:, None, None, :] for w in set(self.windows) if w}
             masks[None] = full_BL[:, None, None, :]
 
+        rope_in_attend = self.fuse and self.attention == "triton"  # the kernel rotates q and k: ``[b, 1, heads, d]``
+
         def attend(li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if self.attention == "triton":  # reads only each row's own positions, writes this step's k/v itself
-                o = engine_attention.decode_attention(
-                    q.reshape(b, self.kv_heads, self.groups, self.head_dim), self.k[li], self.v[li], pos_B, length,
-                    self.scale, self.windows[li], k_new=k[:, :, 0], v_new=v[:, :, 0],
-                )
+                if rope_in_attend:
+                    o = engine_attention.decode_attention(
+                        q.reshape(b, self.kv_heads, self.groups, self.head_dim), self.k[li], self.v[li], pos_B, length,
+                        self.scale, self.windows[li], k_new=k[:, 0], v_new=v[:, 0], cos_BD=cos[:, 0], sin_BD=sin[:, 0],
+                    )
+                else:
+                    o = engine_attention.decode_attention(
+                        q.reshape(b, self.kv_heads, self.groups, self.head_dim), self.k[li], self.v[li], pos_B, length,
+                        self.scale, self.windows[li], k_new=k[:, :, 0], v_new=v[:, :, 0],
+                    )
                 return o.reshape(b, 1, self.heads * self.head_dim)
             self.k[li][rows, :, pos_B] = k[:, :, 0]
             self.v[li][rows, :, pos_B] = v[:, :, 0]
             return self._attend(li, q, b, length, masks.get(self.windows[li]))
 
         if self.fuse:
-            return self._fused_logits(self._fused_layers(h, cos, sin, attend)[:, 0], upcast)
+            return self._fused_logits(self._fused_layers(h, cos, sin, attend, rope_in_attend)[:, 0], upcast)
         for li, layer in enumerate(self.layers):
             residual = h
             q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), cos, sin)
@@ -381,6 +466,7 @@ class SlotModel:
     @torch.inference_mode()
     def decode(self, tokens: list[int], pos: list[int], batch: int, length: int) -> torch.Tensor:
         """One token for slots ``0..batch-1`` (``tokens``/``pos`` per slot; rows past them are idle): ``[batch, V]``."""
+        self._check_packed()
         self._load(tokens, pos, batch)
         if not self.graphs:
             return self._decode_body(batch, length)
@@ -398,6 +484,7 @@ class SlotModel:
         (device tensors; rows past ``len(tokens)`` are idle, greedy at position 0.. of their slots)."""
         if not 1 <= steps <= MAX_STEPS:
             raise ValueError(f"SlotModel.decode_sample: steps must be in [1, {MAX_STEPS}], got {steps}")
+        self._check_packed()
         self._load(tokens, pos, batch)
         n = len(tokens)
         temp = torch.zeros(batch, dtype=torch.float32)

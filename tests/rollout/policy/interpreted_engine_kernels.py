@@ -86,6 +86,35 @@ def test_the_kernel_writes_the_steps_key_and_value_and_attends_to_them(interpret
                                           v_new=v_new[:2])
 
 
+def test_the_kernel_applies_the_rotary_embedding_to_q_and_the_new_key(interpreted: tuple[Any, Any]) -> None:
+    g = torch.Generator().manual_seed(6)
+    k = torch.randn(3, 2, 96, 16, generator=g)
+    v = torch.randn(3, 2, 96, 16, generator=g)
+    q = torch.randn(3, 1, 4, 16, generator=g)[:, 0].reshape(3, 2, 2, 16)  # [B, heads, D] viewed as [B, kv, G, D]
+    k_new = torch.randn(3, 1, 2, 16, generator=g)[:, 0]  # [B, kv_heads, D], unrotated
+    v_new = torch.randn(3, 1, 2, 16, generator=g)[:, 0]
+    pos = torch.tensor([7, 40, 95])
+    angle = pos[:, None].float() * torch.rand(1, 8, generator=g)
+    cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)  # [B, D], as HF's rotary gives
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:  # HF's x * cos + rotate_half(x) * sin, the row's angle on every head
+        c, s = cos.view(3, *([1] * (x.dim() - 2)), 16), sin.view(3, *([1] * (x.dim() - 2)), 16)
+        return x * c + torch.cat((-x[..., 8:], x[..., :8]), -1) * s
+
+    k2, v2 = k.clone(), v.clone()
+    want = engine_attention.decode_attention(rotate(q), k2, v2, pos, 96, 0.25, kernels=interpreted,
+                                             k_new=rotate(k_new), v_new=v_new)
+    got = engine_attention.decode_attention(q, k, v, pos, 96, 0.25, kernels=interpreted, k_new=k_new, v_new=v_new,
+                                            cos_BD=cos, sin_BD=sin)
+    assert (got - want).abs().max().item() < 1e-5
+    assert (k - k2).abs().max().item() < 1e-5 and torch.equal(v, v2)  # the cache holds the rotated key
+    with pytest.raises(ValueError, match="cos_BD and sin_BD together"):
+        engine_attention.decode_attention(q, k, v, pos, 96, 0.25, kernels=interpreted, cos_BD=cos, sin_BD=sin)
+    with pytest.raises(ValueError, match=r"cos_BD / sin_BD must be \[3, 16\]"):
+        engine_attention.decode_attention(q, k, v, pos, 96, 0.25, kernels=interpreted, k_new=k_new, v_new=v_new,
+                                          cos_BD=cos[:, :8], sin_BD=sin[:, :8])
+
+
 def test_decode_attention_refuses_mismatched_caches(interpreted: tuple[Any, Any]) -> None:
     k = torch.zeros(2, 2, 64, 16)
     with pytest.raises(ValueError, match="share strides"):

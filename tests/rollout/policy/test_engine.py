@@ -49,6 +49,25 @@ def test_batched_equals_one_at_a_time_and_logprobs_are_exact(engine: Engine, tin
     assert engine.steps > 0
 
 
+def test_a_burst_submitted_one_by_one_is_prefilled_together(tiny: Any) -> None:
+    """The admission window waits for a quiet gap: a submit's wake-up does not end it (it did: the first request or
+    two were prefilled alone and the rest joined in later, smaller prefills)."""
+    model, tok = tiny_model(seed=0, tokenizer=tiny[1])
+    eng = Engine(model, tok, admission_window_s=0.25)
+    try:
+        futs = []
+        for i, p in enumerate(_prompts(tok, 6)):
+            futs.append(eng.submit(EngineRequest(prompt_ids=p, max_new_tokens=3, seed=i)))
+            time.sleep(0.02)
+        outs = [f.result(60) for f in futs]
+        assert all(len(o.token_ids) == 3 for o in outs)
+        assert eng.prefills == 1
+        late = eng.submit(EngineRequest(prompt_ids=_prompts(tok, 1)[0], max_new_tokens=2, seed=9)).result(60)
+        assert len(late.token_ids) == 2 and eng.prefills == 2
+    finally:
+        eng.close()
+
+
 def test_seeds_decide_the_samples(engine: Engine, tiny: Any) -> None:
     p = _prompts(tiny[1], 1)[0]
     a, b, c = (engine.generate_sync(EngineRequest(prompt_ids=p, max_new_tokens=24, seed=s)) for s in (7, 7, 8))

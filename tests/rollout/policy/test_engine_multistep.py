@@ -29,9 +29,13 @@ def engines(tiny: Any) -> Iterator[dict[str, Engine]]:
         "one": Engine(model, tok, admission_window_s=0.05),
         "multi": Engine(model, tok, admission_window_s=0.05, decode_steps=8),
         "multi_fused": Engine(model, tok, admission_window_s=0.05, decode_steps=4, fuse=True),
+        # packed q/k/v and gate/up GEMMs (the CUDA default) on a model of its own: packing rebinds its weights
+        "multi_packed": Engine(tiny_model(seed=0, tokenizer=tiny[1])[0], tok, admission_window_s=0.05, decode_steps=4,
+                               fuse=True, pack=True),
     }
     assert made["one"].decode_steps == 1 and not made["one"].slots.fuse  # the CPU default: one step, the modules
-    assert made["multi_fused"].slots.fuse
+    assert made["multi_fused"].slots.fuse and not made["multi_fused"].slots.pack  # packing is CUDA's default only
+    assert made["multi_packed"].slots.pack
     yield made
     for e in made.values():
         e.close()
@@ -56,7 +60,7 @@ def test_multi_step_samples_what_one_step_samples(engines: dict[str, Engine], ti
     reqs = [EngineRequest(prompt_ids=p, max_new_tokens=13 + 3 * i, temperature=temperature, top_p=top_p, seed=40 + i)
             for i, p in enumerate(_prompts(tiny[1], 6))]
     want = _run(engines["one"], reqs)
-    for name in ("multi", "multi_fused"):
+    for name in ("multi", "multi_fused", "multi_packed"):
         got = _run(engines[name], reqs)
         for a, b, r in zip(want, got, reqs, strict=True):
             assert _same_up_to_a_tie(a, b) and len(b.token_ids) == r.max_new_tokens, name
@@ -79,7 +83,7 @@ def test_stops_land_mid_chunk(engines: dict[str, Engine], tiny: Any) -> None:
         EngineRequest(prompt_ids=p, max_new_tokens=30, seed=5, stop_token_ids=frozenset({eot_like})),
         EngineRequest(prompt_ids=p, max_new_tokens=11, seed=5),  # max tokens mid-chunk
     ]
-    for name in ("one", "multi", "multi_fused"):
+    for name in ("one", "multi", "multi_fused", "multi_packed"):
         outs = _run(engines[name], cases)
         assert outs[0].finish_reason is FinishReason.STOP and outs[0].token_ids == free.token_ids[:13], name
         assert outs[1].finish_reason is FinishReason.STOP and outs[1].token_ids == free.token_ids[: first + 1], name
@@ -94,7 +98,7 @@ def test_thinking_budget_closes_at_the_same_token(engines: dict[str, Engine], ti
     reqs = [EngineRequest(prompt_ids=ids, max_new_tokens=n, seed=2, budget=ThinkingBudget(budget)) for n in (budget + 1, 24)]
     want = _run(engines["one"], reqs)
     assert want[1].budget_closed and want[1].thinking_tokens == budget
-    for name in ("multi", "multi_fused"):
+    for name in ("multi", "multi_fused", "multi_packed"):
         got = _run(engines[name], reqs)
         for a, b in zip(want, got, strict=True):
             assert (b.token_ids, b.sampled_mask, b.finish_reason, b.thinking_tokens) == (
@@ -112,6 +116,48 @@ def test_a_request_joining_a_running_batch_samples_what_it_samples_alone(engines
     [f.result(60) for f in long_runs]
     alone = engines["one"].generate_sync(EngineRequest(prompt_ids=ps[3], max_new_tokens=17, temperature=0.7, seed=9))
     assert late.token_ids == alone.token_ids
+
+
+def test_packed_projections_are_views_that_follow_every_weight_update(tiny: Any) -> None:
+    model, tok = tiny_model(seed=0, tokenizer=tiny[1])
+    ref_model, _ = tiny_model(seed=0, tokenizer=tiny[1])
+    plain = SlotModel(ref_model, slots=4, length=64, fuse=True, pack=False)
+    packed = SlotModel(model, slots=4, length=64, fuse=True, pack=True)
+    names = list(model.state_dict())
+
+    def shared(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert shared(attn.q_proj.weight, attn.v_proj.weight) and shared(attn.q_proj.bias, attn.k_proj.bias)
+    assert shared(mlp.gate_proj.weight, mlp.up_proj.weight) and not shared(attn.q_proj.weight, mlp.up_proj.weight)
+    prompts = _prompts(tok, 4)
+    pos = [len(p) for p in prompts]
+
+    def both_decode() -> tuple[torch.Tensor, torch.Tensor]:
+        return plain.decode([5, 6, 7, 8], pos, 4, 64), packed.decode([5, 6, 7, 8], pos, 4, 64)
+
+    a, b = plain.prefill([0, 1, 2, 3], prompts), packed.prefill([0, 1, 2, 3], prompts)
+    assert (a - b).abs().max().item() < 1e-5
+    a, b = both_decode()
+    assert (a - b).abs().max().item() < 1e-5
+    g = torch.Generator().manual_seed(1)
+    new = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in ref_model.state_dict().items()}
+    for m in (ref_model, model):  # a weight update copies into the views: the packed tensors have it
+        m.load_state_dict(new)
+    a2, b2 = both_decode()
+    assert (a2 - b2).abs().max().item() < 1e-5 and (a2 - a).abs().max().item() > 1e-3
+    for m in (ref_model, model):  # a moved weight (what ``.to`` does: new ``param.data``) is noticed and packed again
+        w = m.model.layers[1].mlp.up_proj.weight
+        w.data = w.data.clone() * 1.5
+    a3, b3 = both_decode()
+    assert (a3 - b3).abs().max().item() < 1e-5 and (a3 - a2).abs().max().item() > 1e-3
+    mlp1 = model.model.layers[1].mlp
+    assert shared(mlp1.gate_proj.weight, mlp1.up_proj.weight)
+    assert list(model.state_dict()) == names  # the same parameters, by name, for every weight transfer
+    lone, _ = tiny_model(seed=0, tokenizer=tiny[1])
+    lone.model.layers[0].self_attn.k_proj.bias = None  # mixed biases in one group: left unpacked
+    assert not SlotModel(lone, slots=2, length=32, fuse=True, pack=True).pack
 
 
 def test_fused_step_and_static_sampler_match_the_modules_and_sample_rows(tiny: Any) -> None:
