@@ -41,8 +41,9 @@ so ``load_state_dict``, ``state_dict`` and in-place copies work as before and
 captured graphs see every update. What changes for the model's owner: its
 parameters in those modules are new ``Parameter`` objects (an optimizer built
 on the old ones would not reach the engine; the engine's model is the rollout
-side's own copy), ``deepcopy`` gives unshared copies, and safetensors refuses
-to save views of one storage (``torch.save`` keeps them). Moving the model
+side's own copy), ``deepcopy`` gives unshared copies, and a raw
+``safetensors.torch.save_file`` refuses views of one storage (``save_pretrained``
+and ``torch.save`` take them). Moving the model
 (``.to``, as ``Engine.sleep`` does) breaks the views; the next call packs again.
 
 **Decode attention** (``attention``; ``"triton"`` by default on CUDA for 16-bit

@@ -11,7 +11,7 @@ import torch
 from rollout.engine import Engine, EngineRequest
 from rollout.engine_model import SlotModel
 from rollout.engine_sampling import sample_rows, sample_static
-from rollout.policy.models import tiny_model
+from rollout.policy.models import load_checkpoint, save_checkpoint, tiny_model
 from rollout.policy.types import FinishReason, ThinkingBudget
 
 pytestmark = pytest.mark.unit
@@ -118,7 +118,7 @@ def test_a_request_joining_a_running_batch_samples_what_it_samples_alone(engines
     assert late.token_ids == alone.token_ids
 
 
-def test_packed_projections_are_views_that_follow_every_weight_update(tiny: Any) -> None:
+def test_packed_projections_are_views_that_follow_every_weight_update(tiny: Any, tmp_path: Any) -> None:
     model, tok = tiny_model(seed=0, tokenizer=tiny[1])
     ref_model, _ = tiny_model(seed=0, tokenizer=tiny[1])
     plain = SlotModel(ref_model, slots=4, length=64, fuse=True, pack=False)
@@ -155,6 +155,8 @@ def test_packed_projections_are_views_that_follow_every_weight_update(tiny: Any)
     mlp1 = model.model.layers[1].mlp
     assert shared(mlp1.gate_proj.weight, mlp1.up_proj.weight)
     assert list(model.state_dict()) == names  # the same parameters, by name, for every weight transfer
+    saved, _ = load_checkpoint(save_checkpoint(model, tok, tmp_path / "ckpt"))  # save_pretrained takes the views
+    assert all(torch.equal(v, saved.state_dict()[k]) for k, v in model.state_dict().items())
     lone, _ = tiny_model(seed=0, tokenizer=tiny[1])
     lone.model.layers[0].self_attn.k_proj.bias = None  # mixed biases in one group: left unpacked
     assert not SlotModel(lone, slots=2, length=32, fuse=True, pack=True).pack
