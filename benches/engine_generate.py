@@ -14,8 +14,8 @@ Three contenders on the same model and the same random prompts, in one run:
   flatters it: its step time grows with the context).
 - ``engine``: ``rollout.engine.Engine``, the turns submitted at once as requests (temperature 1, own seeds,
   no stop tokens), ``--new`` new tokens each; prefill included, warm-up (a full identical wave: CUDA
-  graph capture) excluded. ``--decode-steps`` / ``--fuse`` / ``--attention`` set its options (default: the
-  engine's).
+  graph capture) excluded. ``--decode-steps`` / ``--fuse`` / ``--attention`` / ``--pack`` /
+  ``--rope-in-attention`` set its options (default: the engine's).
 - ``engine_1step`` (``--compare``): the same engine one decode step per host look, without the fused
   kernels, with SDPA attention and the torch sampler (``decode_steps=1, fuse=False, attention="sdpa",
   sampler="torch"``: the engine as it was before multi-step decoding), same run.
@@ -235,6 +235,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None, help="the engine's fuse (default: on CUDA)")
     ap.add_argument("--attention", choices=["sdpa", "triton"], help="the engine's decode attention (default: its own)")
     ap.add_argument("--sampler", choices=["torch", "triton"], help="the engine's multi-step sampler (default: its own)")
+    ap.add_argument("--rope-in-attention", action="store_true",
+                    help="the split-K kernels apply the rotary embedding (Engine(rope_in_attention=True); off by default)")
+    ap.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
+                    help="the engine's packed q/k/v and gate/up GEMMs (default: on CUDA)")
     ap.add_argument("--compare", action="store_true", help="also the engine one step at a time, unfused (engine_1step)")
     ap.add_argument("--parts", action="store_true", help="CUDA: time the pieces of a step (see the module docstring)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
@@ -261,7 +265,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = model.to(device=device, dtype=dtype).eval()
     legacy = HFPolicy(model, tok, device=device, engine=False, stop_token_ids=(), name="episode-path")
     engine = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps, fuse=args.fuse,
-                    attention=args.attention, sampler=args.sampler)
+                    attention=args.attention, sampler=args.sampler, pack=args.pack,
+                    rope_in_attention=args.rope_in_attention)
     engine.reserve(max(args.concurrency), hi + new)
     old = None
     if args.compare:

@@ -161,7 +161,8 @@ class Engine:
     ``sampler``: multi-step decode's sampling, ``"triton"`` (``rollout.engine_sampling.sample_fused`` where no row
     has ``top_p < 1``) or ``"torch"`` (``sample_static``; None = Triton on CUDA). ``pack``: with ``fuse``, each
     layer's q/k/v and gate/up projections as one GEMM each, the modules' weights made views of the packed tensors
-    (``SlotModel``; None = on CUDA).
+    (``SlotModel``; None = on CUDA). ``rope_in_attention``: the split-K kernels apply the rotary embedding
+    themselves (``SlotModel``; off by default, opt-in until measured alone on a GPU).
     """
 
     def __init__(
@@ -183,6 +184,7 @@ class Engine:
         attention: str | None = None,
         sampler: str | None = None,
         pack: bool | None = None,
+        rope_in_attention: bool = False,
     ) -> None:
         if not supports(model):
             raise EngineRequestError(f"{name}: model_type {getattr(model.config, 'model_type', None)!r} is not supported")
@@ -206,7 +208,7 @@ class Engine:
         self._cap_len = -(-self.max_len // self.len_step) * self.len_step  # the cache's longest (aligned) length
         self.slots = SlotModel(
             model, slots=min(8, self.max_slots), length=min(512 if cuda else 64, self.max_len), graphs=graphs, fuse=fuse,
-            attention=attention, sampler=sampler, pack=pack,
+            attention=attention, sampler=sampler, pack=pack, rope_in_attention=rope_in_attention,
         )
         steps = decode_steps if decode_steps is not None else (8 if graphs else 1)
         if not 1 <= steps <= MAX_STEPS:

@@ -142,12 +142,6 @@ def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
-def _launch(pairs: int) -> dict[str, int]:
-    """The split kernel's pipeline depth: 4 stages for few (row, kv head) pairs, Triton's default 3 otherwise
-    (on an H200 at 2 kv heads x 64-dim heads: 23.2 vs 26.0 us at 72 rows, 42.0 vs 40.6 at 144; dev/LOG.md)."""
-    return {"num_stages": 4} if pairs <= 160 else {}
-
-
 def splits_for(rows: int, kv_heads: int, length: int, device: torch.device) -> int:
     """Chunks per (row, kv head): enough programs for ~4 per SM, chunks of at least ``BLOCK_N`` keys and at most
     1,024, a power of two (the merge kernel's tile)."""
@@ -209,7 +203,7 @@ def decode_attention(
         q_BHGD.stride(0), q_BHGD.stride(1), q_BHGD.stride(2), k_SHLD.stride(0), k_SHLD.stride(1), k_SHLD.stride(2),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), cs.stride(0), chunk, int(window or 0), float(scale),
         G=g, G_PAD=g_pad, D=d, BLOCK=block, WINDOWED=bool(window), SPLITS=n_split, STORE=store, ROPE=rope,
-        **(launch if launch is not None else _launch(b * kvh)),
+        **(launch or {}),
     )
     merge_kernel[(b, kvh)](m, ls, acc, out, out.stride(0), out.stride(1), out.stride(2),
                            G=g, G_PAD=g_pad, D=d, SPLITS=n_split)

@@ -48,9 +48,13 @@ and ``torch.save`` take them). Moving the model
 
 **Decode attention** (``attention``; ``"triton"`` by default on CUDA for 16-bit
 models): the split-K kernels of ``rollout.engine_attention`` read only each
-row's own positions and write the step's key and value themselves (on the fused
-path they also apply the rotary embedding to q and the new key); ``"sdpa"``
+row's own positions and write the step's key and value themselves; ``"sdpa"``
 attends over the whole length bucket with a mask (and a scatter writes k/v).
+``rope_in_attention`` (off by default) has the kernel apply the rotary
+embedding to q and the new key as well (one kernel a layer fewer; tested on
+CPU through Triton's interpreter, but on an H200 it was measured only together
+with other changes, in a run 1.85x slower than without them, so it stays
+opt-in until it is timed alone: dev/LOG.md).
 
 **Sampling** (``sampler``; ``"triton"`` by default on CUDA): multi-step decode
 samples with ``rollout.engine_sampling.sample_fused`` (two kernels reading the
@@ -112,10 +116,17 @@ def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def _swiglu_packed(gate_up: torch.Tensor) -> torch.Tensor:
-    """``_swiglu`` of the packed gate/up GEMM's output (gate first): one contiguous input for the kernel to read."""
-    gate, up = gate_up.chunk(2, -1)
-    return F.silu(gate) * up
+def _adjacent(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """``torch.cat(tensors)`` without a copy when they already lie back to back in one storage, else None."""
+    first = tensors[0]
+    offset = first.storage_offset()
+    for t in tensors:
+        if (not t.is_contiguous() or t.dtype != first.dtype or t.shape[1:] != first.shape[1:]
+                or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or t.storage_offset() != offset):
+            return None
+        offset += t.numel()
+    rows = sum(t.shape[0] for t in tensors)
+    return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
 
 
 def _fusable(model: Any) -> bool:
@@ -144,6 +155,7 @@ class SlotModel:
     def __init__(
         self, model: Any, *, slots: int, length: int, graphs: bool = False, fuse: bool | None = None,
         attention: str | None = None, sampler: str | None = None, pack: bool | None = None,
+        rope_in_attention: bool = False,
     ) -> None:
         if not supports(model):
             raise ValueError(f"SlotModel: model_type {getattr(model.config, 'model_type', None)!r} is not one of {SUPPORTED}")
@@ -166,18 +178,20 @@ class SlotModel:
         self.graphs = bool(graphs) and self.device.type == "cuda"
         self.fuse = (self.device.type == "cuda" if fuse is None else bool(fuse)) and _fusable(model)
         self.eps = float(getattr(self.layers[0].input_layernorm, "variance_epsilon", 1e-6))
-        fns: tuple[Any, ...] = (_rms, _add_rms, _rope, _swiglu, _swiglu_packed)
+        fns: tuple[Any, ...] = (_rms, _add_rms, _rope, _swiglu)
         if self.fuse and self.device.type == "cuda":
             # Not fullgraph: dynamo keeps one cache per formula for the whole process (every SlotModel, dtype and
             # tensor rank adds a variant); past its recompile limit (8) a formula then runs eagerly instead of
             # raising FailOnRecompileLimitHit mid-decode (a second model in one process did).
             fns = tuple(torch.compile(f, dynamic=True) for f in fns)
-        self._rms, self._add_rms, self._rope, self._swiglu, self._swiglu_packed = fns
+        self._rms, self._add_rms, self._rope, self._swiglu = fns
+        # opt-in: the split-K kernels apply the rotary embedding themselves (module docstring: not measured alone)
+        self.rope_in_attention = bool(rope_in_attention)
         # packed q/k/v and gate/up GEMMs (module docstring); only on the fused path, whose layer loop uses them
         self.pack = self.fuse and (self.device.type == "cuda" if pack is None else bool(pack))
         self._packed: list[tuple[Any, ...]] = []  # per layer: q/k/v weight, bias; gate/up weight, bias
         self._qkv_sizes = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
-        self._views: list[tuple[torch.nn.Parameter, int]] = []  # (module parameter, expected data_ptr)
+        self._views: list[tuple[Any, str, torch.nn.Parameter, int]] = []  # (module, name, parameter, its data_ptr)
         if attention not in (None, "sdpa", "triton"):
             raise ValueError(f"SlotModel: attention must be 'sdpa' or 'triton', got {attention!r}")
         # decode attention: the split-K kernels (``rollout.engine_attention``) by default where they run, else SDPA
@@ -231,9 +245,11 @@ class SlotModel:
     # ------------------------------------------------------------ packed projections
 
     def _check_packed(self) -> None:
-        """Pack (again) when the modules' weights are no longer views of the packed tensors (first call; after
-        ``.to``). Captured graphs read the old tensors, so they are dropped with them."""
-        if not self.pack or (self._views and all(p.data_ptr() == ptr for p, ptr in self._views)):
+        """Pack (again) when the modules' weights are no longer the views packed here (first call; after ``.to``
+        or another ``SlotModel`` on the same model rebound them). Captured graphs read the old tensors, so they are
+        dropped with them."""
+        if not self.pack or (self._views and all(getattr(m, n) is p and p.data_ptr() == ptr
+                                                  for m, n, p, ptr in self._views)):
             return
         groups: list[tuple[Any, tuple[str, ...]]] = [(layer.mlp, ("gate_proj", "up_proj")) for layer in self.layers]
         groups += [(layer.self_attn, ("q_proj", "k_proj", "v_proj")) for layer in self.layers]
@@ -244,7 +260,9 @@ class SlotModel:
         self._captured.clear()
         self._pool = None
         self._packed, self._views = [], []
-        with torch.no_grad():
+        # Outside inference mode (a call may pack inside one): inference tensors as parameters would refuse the
+        # in-place copy of the next weight update.
+        with torch.inference_mode(False), torch.no_grad():
             for layer in self.layers:
                 attn, mlp = layer.self_attn, layer.mlp
                 qkv, gate_up = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
@@ -252,15 +270,17 @@ class SlotModel:
                                      self._bind(gate_up, "weight"), self._bind(gate_up, "bias")))
 
     def _bind(self, modules: list[Any], name: str) -> torch.Tensor | None:
-        """One tensor holding ``modules``' ``name`` (weight or bias) along dim 0, each module's a view of it."""
+        """One tensor holding ``modules``' ``name`` (weight or bias) along dim 0, each module's a view of it. Weights
+        that already lie back to back in one storage (packed by another ``SlotModel``) are taken as they are."""
         olds = [getattr(m, name) for m in modules]
         if olds[0] is None:
             return None
-        packed = torch.cat([o.detach() for o in olds], 0)
-        for m, old, view in zip(modules, olds, packed.split([o.shape[0] for o in olds], 0), strict=True):
-            param = torch.nn.Parameter(view, requires_grad=old.requires_grad)
-            setattr(m, name, param)
-            self._views.append((param, view.data_ptr()))
+        packed = _adjacent(olds)
+        if packed is None:
+            packed = torch.cat([o.detach() for o in olds], 0)
+            for m, old, view in zip(modules, olds, packed.split([o.shape[0] for o in olds], 0), strict=True):
+                setattr(m, name, torch.nn.Parameter(view, requires_grad=old.requires_grad))
+        self._views += [(m, name, getattr(m, name), getattr(m, name).data_ptr()) for m in modules]
         return packed
 
     # ------------------------------------------------------------ pieces
@@ -359,7 +379,8 @@ class SlotModel:
             h, x = self._add_rms(h, o, post.weight, post.variance_epsilon)
             mlp = layer.mlp
             if self._packed:
-                delta = mlp.down_proj(self._swiglu_packed(F.linear(x, self._packed[li][2], self._packed[li][3])))
+                gate, up = F.linear(x, self._packed[li][2], self._packed[li][3]).chunk(2, -1)
+                delta = mlp.down_proj(self._swiglu(gate, up))
             else:
                 delta = mlp.down_proj(self._swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
         assert delta is not None
@@ -392,7 +413,8 @@ class SlotModel:
             masks = {w: (full_BL & (j_L[None, :] > pos_B[:, None] - w))[:, None, None, :] for w in set(self.windows) if w}
             masks[None] = full_BL[:, None, None, :]
 
-        rope_in_attend = self.fuse and self.attention == "triton"  # the kernel rotates q and k: ``[b, 1, heads, d]``
+        # with ``rope_in_attention`` the kernel rotates q and k (``[b, 1, heads, d]`` in) instead of ``_rope``
+        rope_in_attend = self.fuse and self.attention == "triton" and self.rope_in_attention
 
         def attend(li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if self.attention == "triton":  # reads only each row's own positions, writes this step's k/v itself

@@ -122,14 +122,15 @@ def test_decode_attention_refuses_mismatched_caches(interpreted: tuple[Any, Any]
                                           torch.zeros(1, dtype=torch.long), 64, 0.25, kernels=interpreted)
 
 
-@pytest.mark.parametrize("fuse", [False, True])
-def test_decode_step_with_the_kernels_matches_sdpa(interpreted: tuple[Any, Any], tiny: Any, fuse: bool) -> None:
+@pytest.mark.parametrize(("fuse", "rope"), [(False, False), (True, False), (True, True)])
+def test_decode_step_with_the_kernels_matches_sdpa(interpreted: tuple[Any, Any], tiny: Any, fuse: bool,
+                                                   rope: bool) -> None:
     model, tok = tiny_model(seed=0, tokenizer=tiny[1], sliding_window=6)  # layer 0 full, layer 1 windowed
     prompts = [tok.encode(t) for t in ("List the files.", "hi", "Count the lines of a.txt, please.")]
     pos = [len(p) for p in prompts]
     out = {}
     for attention in ("sdpa", "triton"):
-        sm = SlotModel(model, slots=4, length=64, fuse=fuse, attention=attention)
+        sm = SlotModel(model, slots=4, length=64, fuse=fuse, attention=attention, rope_in_attention=rope)
         first = sm.prefill([0, 1, 2], prompts)
         out[attention] = (first, sm.decode([5, 6, 7], pos, 3, 64),
                           sm.decode_sample([5, 6, 7], pos, 3, 64, 4, [1.0] * 3, [1.0] * 3, [[0.3, 0.6, 0.9]] * 4))

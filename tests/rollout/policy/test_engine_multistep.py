@@ -154,6 +154,25 @@ def test_packed_projections_are_views_that_follow_every_weight_update(tiny: Any,
     assert (a3 - b3).abs().max().item() < 1e-5 and (a3 - a2).abs().max().item() > 1e-3
     mlp1 = model.model.layers[1].mlp
     assert shared(mlp1.gate_proj.weight, mlp1.up_proj.weight)
+    # packed again inside a decode (inference mode): the new views still take a weight update in place
+    new = {k: v - 0.05 * torch.randn(v.shape, generator=g) for k, v in ref_model.state_dict().items()}
+    for m in (ref_model, model):
+        m.load_state_dict(new)
+    a4, b4 = both_decode()
+    assert (a4 - b4).abs().max().item() < 1e-5 and (a4 - a3).abs().max().item() > 1e-3
+    # a second SlotModel on the same model takes the packed tensors as they are (no copy, no repacking back and
+    # forth): an update reaches both
+    twin = SlotModel(model, slots=4, length=64, fuse=True, pack=True)
+    plain_twin = SlotModel(ref_model, slots=4, length=64, fuse=True, pack=False)
+    assert twin._packed[1][2].data_ptr() == packed._packed[1][2].data_ptr()
+    for m in (ref_model, model):
+        m.load_state_dict({k: v * 0.9 for k, v in new.items()})
+    a5, b5 = both_decode()
+    assert (a5 - b5).abs().max().item() < 1e-5 and (a5 - a4).abs().max().item() > 1e-3
+    assert (twin.prefill([0, 1, 2, 3], prompts) - plain_twin.prefill([0, 1, 2, 3], prompts)).abs().max().item() < 1e-5
+    twin_b, twin_a = twin.decode([5, 6, 7, 8], pos, 4, 64), plain_twin.decode([5, 6, 7, 8], pos, 4, 64)
+    assert (twin_a - twin_b).abs().max().item() < 1e-5
+    assert (packed.decode([5, 6, 7, 8], pos, 4, 64) - b5).abs().max().item() < 1e-5  # no repacking by the twin
     assert list(model.state_dict()) == names  # the same parameters, by name, for every weight transfer
     saved, _ = load_checkpoint(save_checkpoint(model, tok, tmp_path / "ckpt"))  # save_pretrained takes the views
     assert all(torch.equal(v, saved.state_dict()[k]) for k, v in model.state_dict().items())
