@@ -114,7 +114,7 @@ def run_generate(model: Any, ps: list[list[int]], new: int, device: torch.device
 
 
 def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.device) -> dict[str, Any]:
-    def wave(seed: int) -> tuple[float, int, int, dict[str, float]]:
+    def wave(seed: int) -> tuple[float, int, int, dict[str, float], int]:
         steps0, phases0, prefills0 = engine.steps, dict(engine.phase_s), engine.prefills
         t0 = time.perf_counter()
         futs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=new, temperature=1.0, seed=seed + i))
@@ -122,13 +122,12 @@ def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.devi
         outs = [f.result() for f in futs]
         _sync(device)
         phases = {k: v - phases0[k] for k, v in engine.phase_s.items()}
-        phases["prefill_calls"] = engine.prefills - prefills0
-        return time.perf_counter() - t0, sum(len(o.token_ids) for o in outs), engine.steps - steps0, phases
+        return (time.perf_counter() - t0, sum(len(o.token_ids) for o in outs), engine.steps - steps0, phases,
+                engine.prefills - prefills0)
 
-    warm_s, _, _, _ = wave(10_000)  # graph capture for every (batch, length) bucket the wave meets
-    seconds, tokens, steps, phases = wave(0)
+    warm_s = wave(10_000)[0]  # graph capture for every (batch, length) bucket the wave meets
+    seconds, tokens, steps, phases, calls = wave(0)
     # where the engine thread's wall went in the timed wave: prefill, waiting on decode calls, host work (and idle)
-    calls = phases.pop("prefill_calls")
     phases["idle"] = max(seconds - sum(phases.values()), 0.0)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "turns": len(ps), "new": new,
             "steps": steps, "ms_per_step": 1000 * seconds / max(steps, 1), "warmup_s": warm_s, "phases_s": phases,

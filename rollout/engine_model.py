@@ -251,21 +251,19 @@ class SlotModel:
         if not self.pack or (self._views and all(getattr(m, n) is p and p.data_ptr() == ptr
                                                   for m, n, p, ptr in self._views)):
             return
-        groups: list[tuple[Any, tuple[str, ...]]] = [(layer.mlp, ("gate_proj", "up_proj")) for layer in self.layers]
-        groups += [(layer.self_attn, ("q_proj", "k_proj", "v_proj")) for layer in self.layers]
-        for owner, names in groups:  # a group whose biases are mixed (some, not all) is left unpacked
-            if len({getattr(getattr(owner, n), "bias", None) is None for n in names}) != 1:
-                self.pack = False
-                return
+        groups = [([ly.self_attn.q_proj, ly.self_attn.k_proj, ly.self_attn.v_proj], [ly.mlp.gate_proj, ly.mlp.up_proj])
+                  for ly in self.layers]  # per layer: the q/k/v modules, the gate/up modules
+        # a group whose biases are mixed (some, not all) is left unpacked
+        if any(len({getattr(m, "bias", None) is None for m in ms}) != 1 for pair in groups for ms in pair):
+            self.pack = False
+            return
         self._captured.clear()
         self._pool = None
         self._packed, self._views = [], []
         # Outside inference mode (a call may pack inside one): inference tensors as parameters would refuse the
         # in-place copy of the next weight update.
         with torch.inference_mode(False), torch.no_grad():
-            for layer in self.layers:
-                attn, mlp = layer.self_attn, layer.mlp
-                qkv, gate_up = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+            for qkv, gate_up in groups:
                 self._packed.append((self._bind(qkv, "weight"), self._bind(qkv, "bias"),
                                      self._bind(gate_up, "weight"), self._bind(gate_up, "bias")))
 
@@ -418,16 +416,13 @@ class SlotModel:
 
         def attend(li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if self.attention == "triton":  # reads only each row's own positions, writes this step's k/v itself
-                if rope_in_attend:
-                    o = engine_attention.decode_attention(
-                        q.reshape(b, self.kv_heads, self.groups, self.head_dim), self.k[li], self.v[li], pos_B, length,
-                        self.scale, self.windows[li], k_new=k[:, 0], v_new=v[:, 0], cos_BD=cos[:, 0], sin_BD=sin[:, 0],
-                    )
-                else:
-                    o = engine_attention.decode_attention(
-                        q.reshape(b, self.kv_heads, self.groups, self.head_dim), self.k[li], self.v[li], pos_B, length,
-                        self.scale, self.windows[li], k_new=k[:, :, 0], v_new=v[:, :, 0],
-                    )
+                # the step's key/value: ``[b, 1, kv, d]`` unrotated (rope_in_attend) or ``[b, kv, 1, d]``
+                new_k, new_v = (k[:, 0], v[:, 0]) if rope_in_attend else (k[:, :, 0], v[:, :, 0])
+                rotary = {"cos_BD": cos[:, 0], "sin_BD": sin[:, 0]} if rope_in_attend else {}
+                o = engine_attention.decode_attention(
+                    q.reshape(b, self.kv_heads, self.groups, self.head_dim), self.k[li], self.v[li], pos_B, length,
+                    self.scale, self.windows[li], k_new=new_k, v_new=new_v, **rotary,
+                )
                 return o.reshape(b, 1, self.heads * self.head_dim)
             self.k[li][rows, :, pos_B] = k[:, :, 0]
             self.v[li][rows, :, pos_B] = v[:, :, 0]
