@@ -219,7 +219,8 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
         one_step = {"engine_1step_seconds": seconds_1,
                     "engine_1step_new_tokens_per_s": sum(len(o.token_ids) for o in outs_1) / seconds_1}
         del outs_1
-    outs, seconds, warm_s = timed_engine(**({"rope_in_attention": True} if args.rope_in_attention else {}))
+    outs, seconds, warm_s = timed_engine(**({"rope_in_attention": True} if args.rope_in_attention else {}),
+                                         **({"merge_in_split": True} if args.merge_in_split else {}))
     seqs = [tuple(p + list(o.token_ids)) for p, o in zip(prompts, outs, strict=True)]
     new_tokens = sum(len(o.token_ids) for o in outs)
     stats = {"seconds": seconds, "sequences": n, "new_tokens": new_tokens, "new_tokens_per_s": new_tokens / seconds,
@@ -227,7 +228,8 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
              "generate_new_tokens_per_s": n * args.response_len / generate_s,
              "engine_vs_generate": generate_s / seconds, "peak_mem_gib": _gib(device, True), **one_step,
              "engine": f"rollout.engine, {str(dtype).removeprefix('torch.')}, {n} requests at once"
-                       + (", rotary in the attention kernel" if args.rope_in_attention else ""),
+                       + (", rotary in the attention kernel" if args.rope_in_attention else "")
+                       + (", chunks merged in the split kernel" if args.merge_in_split else ""),
              "baseline": f"transformers generate, batch {n}, KV cache, eager"}
     del lm
     _free(device)
@@ -575,6 +577,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="also time the rollout with the engine one decode step per host look, unfused, SDPA (the old engine)")
     p.add_argument("--rope-in-attention", action="store_true",
                    help="the engine's split-K kernels apply the rotary embedding (Engine(rope_in_attention=True))")
+    p.add_argument("--merge-in-split", action="store_true",
+                   help="the engine's split kernel merges the chunks, no merge kernel (Engine(merge_in_split=True))")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     if args.tiny:

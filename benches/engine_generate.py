@@ -15,7 +15,7 @@ Three contenders on the same model and the same random prompts, in one run:
 - ``engine``: ``rollout.engine.Engine``, the turns submitted at once as requests (temperature 1, own seeds,
   no stop tokens), ``--new`` new tokens each; prefill included, warm-up (a full identical wave: CUDA
   graph capture) excluded. ``--decode-steps`` / ``--fuse`` / ``--attention`` / ``--pack`` /
-  ``--rope-in-attention`` set its options (default: the engine's).
+  ``--rope-in-attention`` / ``--merge-in-split`` set its options (default: the engine's).
 - ``engine_1step`` (``--compare``): the same engine one decode step per host look, without the fused
   kernels, with SDPA attention and the torch sampler (``decode_steps=1, fuse=False, attention="sdpa",
   sampler="torch"``: the engine as it was before multi-step decoding), same run.
@@ -236,6 +236,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--sampler", choices=["torch", "triton"], help="the engine's multi-step sampler (default: its own)")
     ap.add_argument("--rope-in-attention", action="store_true",
                     help="the split-K kernels apply the rotary embedding (Engine(rope_in_attention=True); off by default)")
+    ap.add_argument("--merge-in-split", action="store_true",
+                    help="the split kernel's last chunk merges the chunks (Engine(merge_in_split=True); off by default)")
     ap.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
                     help="the engine's packed q/k/v and gate/up GEMMs (default: on CUDA)")
     ap.add_argument("--compare", action="store_true", help="also the engine one step at a time, unfused (engine_1step)")
@@ -265,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     legacy = HFPolicy(model, tok, device=device, engine=False, stop_token_ids=(), name="episode-path")
     engine = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps, fuse=args.fuse,
                     attention=args.attention, sampler=args.sampler, pack=args.pack,
-                    rope_in_attention=args.rope_in_attention)
+                    rope_in_attention=args.rope_in_attention, merge_in_split=args.merge_in_split)
     engine.reserve(max(args.concurrency), hi + new)
     old = None
     if args.compare:

@@ -162,7 +162,8 @@ class Engine:
     has ``top_p < 1``) or ``"torch"`` (``sample_static``; None = Triton on CUDA). ``pack``: with ``fuse``, each
     layer's q/k/v and gate/up projections as one GEMM each, the modules' weights made views of the packed tensors
     (``SlotModel``; None = on CUDA). ``rope_in_attention``: the split-K kernels apply the rotary embedding
-    themselves (``SlotModel``; off by default, opt-in until measured alone on a GPU).
+    themselves (``SlotModel``; off by default, opt-in until measured alone on a GPU). ``merge_in_split``: the split
+    kernel's last chunk merges a row's chunks, no merge kernel (``SlotModel``; off by default).
     """
 
     def __init__(
@@ -185,6 +186,7 @@ class Engine:
         sampler: str | None = None,
         pack: bool | None = None,
         rope_in_attention: bool = False,
+        merge_in_split: bool = False,
     ) -> None:
         if not supports(model):
             raise EngineRequestError(f"{name}: model_type {getattr(model.config, 'model_type', None)!r} is not supported")
@@ -209,6 +211,7 @@ class Engine:
         self.slots = SlotModel(
             model, slots=min(8, self.max_slots), length=min(512 if cuda else 64, self.max_len), graphs=graphs, fuse=fuse,
             attention=attention, sampler=sampler, pack=pack, rope_in_attention=rope_in_attention,
+            merge_in_split=merge_in_split,
         )
         steps = decode_steps if decode_steps is not None else (8 if graphs else 1)
         if not 1 <= steps <= MAX_STEPS:

@@ -33,10 +33,10 @@ def make_kernels() -> tuple[Any, Any]:
 
     @triton.jit
     def split_kernel(
-        Q, K, V, POS, M, L, ACC, KN, VN, COS, SIN,
-        sq_b, sq_h, sq_g, sk_b, sk_h, sk_l, skn_b, skn_h, svn_b, svn_h, sc_b, chunk, window, scale,
+        Q, K, V, POS, M, L, ACC, KN, VN, COS, SIN, CNT, O,
+        sq_b, sq_h, sq_g, sk_b, sk_h, sk_l, skn_b, skn_h, svn_b, svn_h, sc_b, so_b, so_h, so_g, chunk, window, scale,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, WINDOWED: tl.constexpr,
-        SPLITS: tl.constexpr, STORE: tl.constexpr, ROPE: tl.constexpr,
+        SPLITS: tl.constexpr, STORE: tl.constexpr, ROPE: tl.constexpr, MERGE: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)  # 64-bit offsets: a cache past 2**31 elements stays addressable
         h = tl.program_id(1)
@@ -92,6 +92,24 @@ def make_kernels() -> tuple[Any, Any]:
         tl.store(M + row * G_PAD + g, m_i)
         tl.store(L + row * G_PAD + g, l_i)
         tl.store(ACC + (row * G_PAD + g[:, None]) * D + d[None, :], acc)
+        if MERGE:  # the last of the pair's chunks to finish merges them all (no second kernel)
+            tl.debug_barrier()  # every thread's partial stored before the count says so
+            pair = b * heads + h
+            if tl.atomic_add(CNT + pair, 1, sem="acq_rel") == SPLITS - 1:
+                first = pair * SPLITS
+                m_max = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
+                for j in tl.static_range(SPLITS):  # .cg: the other chunks' partials from L2, never a stale L1 line
+                    m_max = tl.maximum(m_max, tl.load(M + (first + j) * G_PAD + g, cache_modifier=".cg"))
+                total = tl.zeros([G_PAD], dtype=tl.float32)
+                out = tl.zeros([G_PAD, D], dtype=tl.float32)
+                for j in tl.static_range(SPLITS):  # an empty chunk holds -inf: weight 0
+                    w = tl.exp(tl.load(M + (first + j) * G_PAD + g, cache_modifier=".cg") - m_max)
+                    total += w * tl.load(L + (first + j) * G_PAD + g, cache_modifier=".cg")
+                    out += w[:, None] * tl.load(ACC + ((first + j) * G_PAD + g[:, None]) * D + d[None, :],
+                                                cache_modifier=".cg")
+                tl.store(O + b * so_b + h * so_h + g[:, None] * so_g + d[None, :],
+                         (out / total[:, None]).to(O.dtype.element_ty), mask=g[:, None] < G)
+                tl.store(CNT + pair, 0)  # every chunk has counted: the next launch starts from zero
 
     @triton.jit
     def merge_kernel(
@@ -156,6 +174,7 @@ def decode_attention(
     scale: float, window: int | None = None, kernels: tuple[Any, Any] | None = None, splits: int | None = None,
     k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None, cos_BD: torch.Tensor | None = None,
     sin_BD: torch.Tensor | None = None, block: int = BLOCK_N, launch: dict[str, int] | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Row ``b``'s ``G`` query heads per kv head (``q_BHGD``: ``[B, kv_heads, G, D]``) over its cache positions
     ``0..pos_B[b]`` (and past ``pos_B[b] - window`` when ``window``), of cache rows ``0..B-1``
@@ -165,7 +184,9 @@ def decode_attention(
     in ``q``'s dtype. ``cos_BD`` / ``sin_BD`` (``[B, D]``, each row's rotary at ``pos_B``; with ``k_new``): ``q`` and
     ``k_new`` come unrotated and the kernel applies the rotary embedding (``x * cos + rotate_half(x) * sin``) to
     both, saving the step a kernel a layer. ``block`` (keys per loop iteration) and ``launch`` (Triton's ``num_warps`` /
-    ``num_stages`` for the split kernel) are tuning knobs for benches."""
+    ``num_stages`` for the split kernel) are tuning knobs for benches. ``counters`` (int32 zeros, at least
+    ``B * kv_heads``, kept between calls: every call leaves them zero again) merges the chunks inside the split
+    kernel: each chunk counts itself done with an atomic and the pair's last one merges them, one launch, not two."""
     kern = kernels or _kernels()
     if kern is None:
         raise RuntimeError("decode_attention: Triton is not importable here")
@@ -198,15 +219,22 @@ def decode_attention(
     ls = torch.empty_like(m)
     acc = torch.empty((b, kvh, n_split, g_pad, d), dtype=torch.float32, device=dev)
     out = torch.empty_like(q_BHGD)
+    merge = counters is not None
+    if counters is not None and (counters.dtype != torch.int32 or counters.numel() < b * kvh
+                                 or not counters.is_contiguous() or counters.device != dev):
+        raise ValueError(f"decode_attention: counters must be a contiguous int32 tensor of at least {b * kvh} "
+                         f"zeros on {dev}, got {counters.dtype} x {counters.numel()} on {counters.device}")
     split_kernel[(b, kvh, n_split)](
-        q_BHGD, k_SHLD, v_SHLD, pos_B, m, ls, acc, kn, vn, cs, sn,
+        q_BHGD, k_SHLD, v_SHLD, pos_B, m, ls, acc, kn, vn, cs, sn, counters if merge else pos_B, out,
         q_BHGD.stride(0), q_BHGD.stride(1), q_BHGD.stride(2), k_SHLD.stride(0), k_SHLD.stride(1), k_SHLD.stride(2),
-        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), cs.stride(0), chunk, int(window or 0), float(scale),
+        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), cs.stride(0), out.stride(0), out.stride(1),
+        out.stride(2), chunk, int(window or 0), float(scale),
         G=g, G_PAD=g_pad, D=d, BLOCK=block, WINDOWED=bool(window), SPLITS=n_split, STORE=store, ROPE=rope,
-        **(launch or {}),
+        MERGE=merge, **(launch or {}),
     )
-    merge_kernel[(b, kvh)](m, ls, acc, out, out.stride(0), out.stride(1), out.stride(2),
-                           G=g, G_PAD=g_pad, D=d, SPLITS=n_split)
+    if not merge:
+        merge_kernel[(b, kvh)](m, ls, acc, out, out.stride(0), out.stride(1), out.stride(2),
+                               G=g, G_PAD=g_pad, D=d, SPLITS=n_split)
     return out
 
 

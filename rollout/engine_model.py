@@ -54,7 +54,9 @@ attends over the whole length bucket with a mask (and a scatter writes k/v).
 embedding to q and the new key as well (one kernel a layer fewer; tested on
 CPU through Triton's interpreter, but on an H200 it was measured only together
 with other changes, in a run 1.85x slower than without them, so it stays
-opt-in until it is timed alone: dev/LOG.md).
+opt-in until it is timed alone: dev/LOG.md). ``merge_in_split`` (off by
+default) merges a row's chunks inside the split kernel (the last chunk to
+finish, found with an atomic count, merges them): one kernel a layer fewer.
 
 **Sampling** (``sampler``; ``"triton"`` by default on CUDA): multi-step decode
 samples with ``rollout.engine_sampling.sample_fused`` (two kernels reading the
@@ -155,7 +157,7 @@ class SlotModel:
     def __init__(
         self, model: Any, *, slots: int, length: int, graphs: bool = False, fuse: bool | None = None,
         attention: str | None = None, sampler: str | None = None, pack: bool | None = None,
-        rope_in_attention: bool = False,
+        rope_in_attention: bool = False, merge_in_split: bool = False,
     ) -> None:
         if not supports(model):
             raise ValueError(f"SlotModel: model_type {getattr(model.config, 'model_type', None)!r} is not one of {SUPPORTED}")
@@ -187,6 +189,8 @@ class SlotModel:
         self._rms, self._add_rms, self._rope, self._swiglu = fns
         # opt-in: the split-K kernels apply the rotary embedding themselves (module docstring: not measured alone)
         self.rope_in_attention = bool(rope_in_attention)
+        # opt-in: the split-K kernel's last chunk of a (row, kv head) merges the chunks (no merge kernel)
+        self.merge_in_split = bool(merge_in_split)
         # packed q/k/v and gate/up GEMMs (module docstring); only on the fused path, whose layer loop uses them
         self.pack = self.fuse and (self.device.type == "cuda" if pack is None else bool(pack))
         self._packed: list[tuple[Any, ...]] = []  # per layer: q/k/v weight, bias; gate/up weight, bias
@@ -231,6 +235,7 @@ class SlotModel:
         self._top_p = torch.ones(slots, dtype=torch.float32, device=self.device)
         self._u = torch.zeros((MAX_STEPS, slots), dtype=torch.float64, device=self.device)
         self._rows = torch.arange(slots, device=self.device)
+        self._counts = torch.zeros(slots * self.kv_heads, dtype=torch.int32, device=self.device)  # merge_in_split's
         self._captured.clear()
         self._pool = None  # the old graphs' pool dies with them: capturing into its handle again trips the allocator
         self._check_packed()
@@ -422,6 +427,7 @@ class SlotModel:
                 o = engine_attention.decode_attention(
                     q.reshape(b, self.kv_heads, self.groups, self.head_dim), self.k[li], self.v[li], pos_B, length,
                     self.scale, self.windows[li], k_new=new_k, v_new=new_v, **rotary,
+                    counters=self._counts if self.merge_in_split else None,
                 )
                 return o.reshape(b, 1, self.heads * self.head_dim)
             self.k[li][rows, :, pos_B] = k[:, :, 0]

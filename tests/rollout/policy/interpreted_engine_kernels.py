@@ -61,6 +61,32 @@ def test_kernels_match_masked_sdpa(interpreted: tuple[Any, Any], window: int | N
     assert torch.equal(again, got)
 
 
+@pytest.mark.parametrize("window", [None, 40])
+@pytest.mark.parametrize("splits", [1, 4, 8])
+def test_the_split_kernel_merges_the_chunks_itself_with_counters(interpreted: tuple[Any, Any], window: int | None,
+                                                                 splits: int) -> None:
+    g = torch.Generator().manual_seed(5)
+    slots, heads, groups, dim, cache_len, length = 6, 2, 7, 64, 300, 256
+    k = torch.randn(slots, heads, cache_len, dim, generator=g)
+    v = torch.randn(slots, heads, cache_len, dim, generator=g)
+    q = torch.randn(5, heads, groups, dim, generator=g)
+    pos = torch.tensor([0, 17, 64, 200, 255])  # row 0: one key, every other chunk empty
+    two = engine_attention.decode_attention(q, k, v, pos, length, 0.125, window=window, kernels=interpreted,
+                                            splits=splits)
+    counters = torch.zeros(slots * heads, dtype=torch.int32)
+    for _ in range(2):  # the second call finds the counters back at zero
+        one = engine_attention.decode_attention(q, k, v, pos, length, 0.125, window=window, kernels=interpreted,
+                                                splits=splits, counters=counters)
+        assert (one - two).abs().max().item() < 1e-6
+        assert (one - _reference(q, k, v, pos, length, window)).abs().max().item() < 1e-5
+        assert not counters.any()
+    with pytest.raises(ValueError, match="counters must be"):
+        engine_attention.decode_attention(q, k, v, pos, length, 0.125, kernels=interpreted, counters=counters[:3])
+    with pytest.raises(ValueError, match="counters must be"):
+        engine_attention.decode_attention(q, k, v, pos, length, 0.125, kernels=interpreted,
+                                          counters=counters.long())
+
+
 @pytest.mark.parametrize("splits", [1, 4])
 def test_the_kernel_writes_the_steps_key_and_value_and_attends_to_them(interpreted: tuple[Any, Any], splits: int) -> None:
     g = torch.Generator().manual_seed(5)
@@ -122,15 +148,17 @@ def test_decode_attention_refuses_mismatched_caches(interpreted: tuple[Any, Any]
                                           torch.zeros(1, dtype=torch.long), 64, 0.25, kernels=interpreted)
 
 
-@pytest.mark.parametrize(("fuse", "rope"), [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize(("fuse", "rope", "merge"), [(False, False, False), (True, False, False), (True, True, False),
+                                                     (True, True, True)])
 def test_decode_step_with_the_kernels_matches_sdpa(interpreted: tuple[Any, Any], tiny: Any, fuse: bool,
-                                                   rope: bool) -> None:
+                                                   rope: bool, merge: bool) -> None:
     model, tok = tiny_model(seed=0, tokenizer=tiny[1], sliding_window=6)  # layer 0 full, layer 1 windowed
     prompts = [tok.encode(t) for t in ("List the files.", "hi", "Count the lines of a.txt, please.")]
     pos = [len(p) for p in prompts]
     out = {}
     for attention in ("sdpa", "triton"):
-        sm = SlotModel(model, slots=4, length=64, fuse=fuse, attention=attention, rope_in_attention=rope)
+        sm = SlotModel(model, slots=4, length=64, fuse=fuse, attention=attention, rope_in_attention=rope,
+                       merge_in_split=merge)
         first = sm.prefill([0, 1, 2], prompts)
         out[attention] = (first, sm.decode([5, 6, 7], pos, 3, 64),
                           sm.decode_sample([5, 6, 7], pos, 3, 64, 4, [1.0] * 3, [1.0] * 3, [[0.3, 0.6, 0.9]] * 4))

@@ -82,6 +82,38 @@ def test_split_k_attention_matches_sdpa_in_bf16_on_the_device() -> None:
     assert (logits["sdpa"] - logits["triton"]).abs().max().item() < 5e-2
 
 
+def test_the_split_kernel_merges_its_chunks_under_a_race_on_the_device() -> None:
+    """``merge_in_split``: the last chunk of a (row, kv head) to finish merges them all, found with an atomic count.
+    Its result is the two-kernel result (up to fp32 summation order) on every one of many launches, in and out of a
+    CUDA graph, with the counters back at zero after each."""
+    from rollout import engine_attention
+    from rollout.engine_model import SlotModel
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    k = torch.randn(80, 2, 2304, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(80, 2, 2304, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    q = torch.randn(72, 2, 7, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    pos = torch.randint(0, 2048, (72,), device="cuda", generator=g)
+    counters = torch.zeros(80 * 2, dtype=torch.int32, device="cuda")
+    for splits in (2, 8, 16):
+        want = engine_attention.decode_attention(q, k, v, pos, 2048, 0.125, splits=splits).float()
+        outs = [engine_attention.decode_attention(q, k, v, pos, 2048, 0.125, splits=splits, counters=counters)
+                for _ in range(200)]
+        worst = max((o.float() - want).abs().max().item() for o in outs)
+        assert worst < 1e-2, (splits, worst)
+        assert not counters.any()
+    model, tok = tiny_model(seed=0)
+    model = model.to("cuda", torch.bfloat16).eval()
+    prompts = [tok.encode("List the files." + " x" * i) for i in range(5)]
+    pos_list = [len(p) for p in prompts]
+    logits = {}
+    for merge in (False, True):
+        sm = SlotModel(model, slots=8, length=256, graphs=True, attention="triton", merge_in_split=merge)
+        sm.prefill(list(range(5)), prompts)
+        logits[merge] = torch.cat([sm.decode([5, 6, 7, 8, 9], [p + i for p in pos_list], 8, 256)[:5] for i in range(6)])
+    assert (logits[False] - logits[True]).abs().max().item() < 5e-2
+
+
 def test_fused_sampler_on_the_device_at_the_05b_vocabulary() -> None:
     """``sample_fused`` (the engine's default multi-step sampler on CUDA) on bf16 logits at Qwen2's vocabulary: the
     token is the fp64 inverse-CDF draw (up to fp32 rounding at a CDF step's edge, so a handful of rows at most) and
