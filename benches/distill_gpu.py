@@ -220,7 +220,8 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
                     "engine_1step_new_tokens_per_s": sum(len(o.token_ids) for o in outs_1) / seconds_1}
         del outs_1
     outs, seconds, warm_s = timed_engine(**({"rope_in_attention": True} if args.rope_in_attention else {}),
-                                         **({"merge_in_split": True} if args.merge_in_split else {}))
+                                         **({"merge_in_split": True} if args.merge_in_split else {}),
+                                         **({"decode_steps": args.decode_steps} if args.decode_steps else {}))
     seqs = [tuple(p + list(o.token_ids)) for p, o in zip(prompts, outs, strict=True)]
     new_tokens = sum(len(o.token_ids) for o in outs)
     stats = {"seconds": seconds, "sequences": n, "new_tokens": new_tokens, "new_tokens_per_s": new_tokens / seconds,
@@ -229,7 +230,8 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
              "engine_vs_generate": generate_s / seconds, "peak_mem_gib": _gib(device, True), **one_step,
              "engine": f"rollout.engine, {str(dtype).removeprefix('torch.')}, {n} requests at once"
                        + (", rotary in the attention kernel" if args.rope_in_attention else "")
-                       + (", chunks merged in the split kernel" if args.merge_in_split else ""),
+                       + (", chunks merged in the split kernel" if args.merge_in_split else "")
+                       + (f", {args.decode_steps} decode steps a host look" if args.decode_steps else ""),
              "baseline": f"transformers generate, batch {n}, KV cache, eager"}
     del lm
     _free(device)
@@ -579,6 +581,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="the engine's split-K kernels apply the rotary embedding (Engine(rope_in_attention=True))")
     p.add_argument("--merge-in-split", action="store_true",
                    help="the engine's split kernel merges the chunks, no merge kernel (Engine(merge_in_split=True))")
+    p.add_argument("--decode-steps", type=int, default=None, help="the engine's decode_steps (default: its own)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     if args.tiny:
