@@ -168,12 +168,17 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
     g = torch.Generator().manual_seed(args.seed)
     n = len(CELLS) * args.per_cell
     lo, hi = max(1, args.prompt_len // 2), max(1, args.prompt_len * 3 // 2)
-    plens = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+    # --group G: G samples a prompt in a row (a GRPO group's first turns), else every sample its own prompt
+    plens = [k for k in torch.randint(lo, hi + 1, (-(-n // args.group),), generator=g).tolist()
+             for _ in range(args.group)][:n]
     width = max(plens)
     ids_NP = torch.zeros((n, width), dtype=torch.long)
     attn_NP = torch.zeros((n, width), dtype=torch.long)
     for i, p in enumerate(plens):  # left padded, as generate wants
-        ids_NP[i, width - p:] = torch.randint(0, cfg.vocab_size, (p,), generator=g)
+        if i % args.group == 0:
+            ids_NP[i, width - p:] = torch.randint(0, cfg.vocab_size, (p,), generator=g)
+        else:
+            ids_NP[i] = ids_NP[i - 1]
         attn_NP[i, width - p:] = 1
     prompts = [ids_NP[i, width - p:].tolist() for i, p in enumerate(plens)]
     # the rollout engine's copy of the student: same seed, same weights, bf16 on the GPU, sdpa
@@ -214,14 +219,20 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
         return outs, seconds, warm_s
 
     one_step: dict[str, Any] = {}
+    options = {**({"rope_in_attention": True} if args.rope_in_attention else {}),
+               **({"merge_in_split": True} if args.merge_in_split else {}),
+               **({"decode_steps": args.decode_steps} if args.decode_steps else {})}
+    if args.group > 1:  # the same engine computing every prompt: what the shared prefill saves, same run
+        outs_u, seconds_u, _ = timed_engine(share_prompts=False, **options)
+        one_step.update(unshared_seconds=seconds_u,
+                        unshared_new_tokens_per_s=sum(len(o.token_ids) for o in outs_u) / seconds_u)
+        del outs_u
     if args.engine_1step:  # the engine as it was before multi-step decode, fused kernels, split-K attention
         outs_1, seconds_1, _ = timed_engine(decode_steps=1, fuse=False, attention="sdpa")
         one_step = {"engine_1step_seconds": seconds_1,
                     "engine_1step_new_tokens_per_s": sum(len(o.token_ids) for o in outs_1) / seconds_1}
         del outs_1
-    outs, seconds, warm_s = timed_engine(**({"rope_in_attention": True} if args.rope_in_attention else {}),
-                                         **({"merge_in_split": True} if args.merge_in_split else {}),
-                                         **({"decode_steps": args.decode_steps} if args.decode_steps else {}))
+    outs, seconds, warm_s = timed_engine(**options)
     seqs = [tuple(p + list(o.token_ids)) for p, o in zip(prompts, outs, strict=True)]
     new_tokens = sum(len(o.token_ids) for o in outs)
     stats = {"seconds": seconds, "sequences": n, "new_tokens": new_tokens, "new_tokens_per_s": new_tokens / seconds,
@@ -231,7 +242,8 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
              "engine": f"rollout.engine, {str(dtype).removeprefix('torch.')}, {n} requests at once"
                        + (", rotary in the attention kernel" if args.rope_in_attention else "")
                        + (", chunks merged in the split kernel" if args.merge_in_split else "")
-                       + (f", {args.decode_steps} decode steps a host look" if args.decode_steps else ""),
+                       + (f", {args.decode_steps} decode steps a host look" if args.decode_steps else "")
+                       + (f", {args.group} samples a prompt" if args.group > 1 else ""),
              "baseline": f"transformers generate, batch {n}, KV cache, eager"}
     del lm
     _free(device)
@@ -456,6 +468,10 @@ def run(args: argparse.Namespace, clock: Clock = time.perf_counter,
                         "rl_rollout_share_1step": one / (one + learn["rl"]["step_s"])}
     else:
         shares_1step = {}
+    if "unshared_seconds" in roll:  # the same iteration with every prompt computed
+        un = roll["unshared_seconds"]
+        shares_1step.update(rollout_share_unshared=un / (total - roll["seconds"] + un),
+                            rl_rollout_share_unshared=un / (un + learn["rl"]["step_s"]))
     iteration = {"phases_s": phases, "total_s": total, "share": {k: v / total for k, v in phases.items()}, **shares_1step,
                  "rollout_share_with_generate": roll["generate_seconds"] / before,
                  "rl_rollout_share": roll["seconds"] / rl_total, "rl_rollout_share_with_generate": roll["generate_seconds"] / rl_before,
@@ -466,7 +482,7 @@ def run(args: argparse.Namespace, clock: Clock = time.perf_counter,
         "shape": args.shape, "matmul_params": matmul_params(cfg), "peak_tflops": args.peak_tflops,
         "teacher_dtype": str(dtype).removeprefix("torch."), "compile": args.compile, "attn": args.attn,
         "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
-        "workload": {"cells": list(CELLS), "per_cell": args.per_cell, "sequences": len(seqs),
+        "workload": {"cells": list(CELLS), "per_cell": args.per_cell, "group": args.group, "sequences": len(seqs),
                      "prompt_len_mean": sum(plens) / len(plens), "response_len": args.response_len,
                      "tokens": sum(len(s) for s in seqs), "scored_tokens": sum(len(r.positions) for r in requests),
                      "lengths": [len(s) for s in seqs]},
@@ -542,6 +558,9 @@ def tables(r: dict[str, Any]) -> list[Any]:
     if "rollout_share_1step" in it:
         t3.add_row(f"rollout share with the engine one step a look, unfused, SDPA ({roll['engine_1step_new_tokens_per_s']:,.0f} "
                    "tok/s)", "", f"{100 * it['rollout_share_1step']:.1f}%", f"{100 * it['rl_rollout_share_1step']:.1f}%")
+    if "rollout_share_unshared" in it:
+        t3.add_row(f"rollout share with every prompt computed, no shared prefill ({roll['unshared_new_tokens_per_s']:,.0f} "
+                   "tok/s)", "", f"{100 * it['rollout_share_unshared']:.1f}%", f"{100 * it['rl_rollout_share_unshared']:.1f}%")
     t3.add_row(f"rollout share with {roll['baseline']} ({roll['generate_new_tokens_per_s']:,.0f} tok/s)", "",
                f"{100 * it['rollout_share_with_generate']:.1f}%", f"{100 * it['rl_rollout_share_with_generate']:.1f}%")
     t3.caption = (f"MOPD / RL iteration {it['vs_rl_iteration']:.2f}x; engine rollout {roll['engine_vs_generate']:.2f}x "
@@ -582,6 +601,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--merge-in-split", action="store_true",
                    help="the engine's split kernel merges the chunks, no merge kernel (Engine(merge_in_split=True))")
     p.add_argument("--decode-steps", type=int, default=None, help="the engine's decode_steps (default: its own)")
+    p.add_argument("--group", type=int, default=1,
+                   help="samples a prompt, in a row (GRPO's group; default 1: every sample its own prompt); > 1 also "
+                        "times the rollout with the engine's shared prefill off, same run")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     if args.tiny:
@@ -601,7 +623,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             setattr(args, k, on_gpu)
     if args.attn is None:
         args.attn = VARLEN_ATTENTION if on_gpu else "sdpa"
-    for k in ("per_cell", "prompt_len", "response_len", "score_reps", "steps", "batch_tokens", "lora_rank"):
+    for k in ("per_cell", "prompt_len", "response_len", "score_reps", "steps", "batch_tokens", "lora_rank", "group"):
         if getattr(args, k) < 1:
             p.error(f"--{k.replace('_', '-')}: expected >= 1, got {getattr(args, k)}")
     return args

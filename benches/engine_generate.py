@@ -16,6 +16,9 @@ Three contenders on the same model and the same random prompts, in one run:
   no stop tokens), ``--new`` new tokens each; prefill included, warm-up (a full identical wave: CUDA
   graph capture) excluded. ``--decode-steps`` / ``--fuse`` / ``--attention`` / ``--pack`` /
   ``--rope-in-attention`` / ``--merge-in-split`` set its options (default: the engine's).
+- ``engine_unshared`` (``--group G`` > 1: the turns come ``G`` to a prompt, as a GRPO group's first turns do): the
+  same engine with its shared prefill off (``share_prompts=False``: every turn's prompt computed), same run; the
+  phase table shows the prefill seconds and the copies (``shared``) of each.
 - ``engine_1step`` (``--compare``): the same engine one decode step per host look, without the fused
   kernels, with SDPA attention and the torch sampler (``decode_steps=1, fuse=False, attention="sdpa",
   sampler="torch"``: the engine as it was before multi-step decoding), same run.
@@ -69,10 +72,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def prompts(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
+def prompts(n: int, lo: int, hi: int, vocab: int, seed: int, group: int = 1) -> list[list[int]]:
+    """``n`` random prompts; with ``group`` > 1, ``ceil(n / group)`` of them, each ``group`` times in a row."""
     g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
-    return [torch.randint(0, vocab, (p,), generator=g).tolist() for p in lens]
+    lens = torch.randint(lo, hi + 1, (-(-n // group),), generator=g).tolist()
+    return [p for p in (torch.randint(0, vocab, (k,), generator=g).tolist() for k in lens) for _ in range(group)][:n]
 
 
 def run_episode_path(policy: HFPolicy, ps: list[list[int]], new: int, device: torch.device) -> dict[str, Any]:
@@ -115,7 +119,7 @@ def run_generate(model: Any, ps: list[list[int]], new: int, device: torch.device
 
 def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.device) -> dict[str, Any]:
     def wave(seed: int) -> tuple[float, int, int, dict[str, float], int]:
-        steps0, phases0, prefills0 = engine.steps, dict(engine.phase_s), engine.prefills
+        steps0, phases0, prefills0, shared0 = engine.steps, dict(engine.phase_s), engine.prefills, engine.shared_prefills
         t0 = time.perf_counter()
         futs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=new, temperature=1.0, seed=seed + i))
                 for i, p in enumerate(ps)]
@@ -123,15 +127,15 @@ def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.devi
         _sync(device)
         phases = {k: v - phases0[k] for k, v in engine.phase_s.items()}
         return (time.perf_counter() - t0, sum(len(o.token_ids) for o in outs), engine.steps - steps0, phases,
-                engine.prefills - prefills0)
+                engine.prefills - prefills0, engine.shared_prefills - shared0)
 
     warm_s = wave(10_000)[0]  # graph capture for every (batch, length) bucket the wave meets
-    seconds, tokens, steps, phases, calls = wave(0)
+    seconds, tokens, steps, phases, calls, shared = wave(0)
     # where the engine thread's wall went in the timed wave: prefill, waiting on decode calls, host work (and idle)
     phases["idle"] = max(seconds - sum(phases.values()), 0.0)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "turns": len(ps), "new": new,
             "steps": steps, "ms_per_step": 1000 * seconds / max(steps, 1), "warmup_s": warm_s, "phases_s": phases,
-            "prefill_calls": calls}
+            "prefill_calls": calls, "shared_prefills": shared}
 
 
 def step_parts(model: Any, n: int, length: int, device: torch.device, repeats: int = 20) -> dict[str, Any]:
@@ -240,6 +244,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="the split kernel's last chunk merges the chunks (Engine(merge_in_split=True); off by default)")
     ap.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
                     help="the engine's packed q/k/v and gate/up GEMMs (default: on CUDA)")
+    ap.add_argument("--group", type=int, default=1,
+                    help="turns per prompt (a GRPO group's first turns): the engine against itself with its shared "
+                         "prefill off (engine_unshared), same run")
     ap.add_argument("--compare", action="store_true", help="also the engine one step at a time, unfused (engine_1step)")
     ap.add_argument("--parts", action="store_true", help="CUDA: time the pieces of a step (see the module docstring)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
@@ -269,6 +276,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     attention=args.attention, sampler=args.sampler, pack=args.pack,
                     rope_in_attention=args.rope_in_attention, merge_in_split=args.merge_in_split)
     engine.reserve(max(args.concurrency), hi + new)
+    if args.group < 1:
+        ap.error(f"--group must be >= 1, got {args.group}")
+    unshared = None
+    if args.group > 1:
+        unshared = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps,
+                          fuse=args.fuse, attention=args.attention, sampler=args.sampler, pack=args.pack,
+                          rope_in_attention=args.rope_in_attention, merge_in_split=args.merge_in_split,
+                          share_prompts=False, name="engine-unshared")
+        unshared.reserve(max(args.concurrency), hi + new)
     old = None
     if args.compare:
         old = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=1, fuse=False, attention="sdpa",
@@ -276,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         old.reserve(max(args.concurrency), hi + new)
     rows: list[dict[str, Any]] = []
     for n in args.concurrency:
-        ps = prompts(n, lo, hi, cfg.vocab_size, args.seed + n)
+        ps = prompts(n, lo, hi, cfg.vocab_size, args.seed + n, args.group)
         row: dict[str, Any] = {"concurrency": n}
         if "episode" not in args.skip:
             try:
@@ -291,6 +307,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 torch.cuda.empty_cache()
         if old is not None:
             row["engine_1step"] = run_engine(old, ps, new, device)
+        if unshared is not None:
+            row["engine_unshared"] = run_engine(unshared, ps, new, device)
         row["engine"] = run_engine(engine, ps, new, device)
         if h200:
             row["roofline_tokens_per_s"] = roofline(cfg, ps, new, 2, args.hbm_tbs)
@@ -300,9 +318,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         console.print(f"[dim]{json.dumps(row)}[/dim]")
     sync = weight_sync(engine, model, device)
     engine.close()
-    if old is not None:
-        old.close()
-        del old
+    for other in (old, unshared):
+        if other is not None:
+            other.close()
+    del old, unshared
     parts: dict[Any, Any] | None = None
     if args.parts and device.type == "cuda":
         gc.collect()
@@ -314,7 +333,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         console.print(f"[dim]parts: {json.dumps(parts)}[/dim]")
     where = f"{torch.cuda.get_device_name()}, Qwen2-0.5B shape, bf16" if h200 else "CPU, tiny model, fp32"
     table = Table(title=f"generation tokens/s ({where}; "
-                        f"prompts {lo}-{hi}, {new} new tokens)")
+                        f"prompts {lo}-{hi}, {new} new tokens" + (f", {args.group} turns a prompt" if args.group > 1 else "")
+                        + ")")
     for col in ("turns", "episode path", "generate", "engine 1-step", "engine", "engine / episode", "engine / generate",
                 "engine / 1-step", "ms / step (1-step)", "roofline share"):
         table.add_column(col, justify="right")
@@ -332,15 +352,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       f"{100 * e / roof:.1f}%" if roof else "-")
     console.print(table)
     phase_table = Table(title="the engine thread's wall in the timed wave, seconds (decode: waiting on decode calls)")
-    for col in ("turns", "contender", "wall", "prefill", "decode", "host", "idle", "decode ms / step", "prefills"):
+    for col in ("turns", "contender", "wall", "prefill", "decode", "host", "idle", "decode ms / step", "prefills",
+                "shared", "wall / engine's"):
         phase_table.add_column(col, justify="right")
     for row in rows:
-        for name in ("engine_1step", "engine"):
+        for name in ("engine_1step", "engine_unshared", "engine"):
             if name in row:
                 r, ph = row[name], row[name]["phases_s"]
                 phase_table.add_row(str(row["concurrency"]), name, f"{r['seconds']:.3f}",
                                     *(f"{ph[k]:.3f}" for k in ("prefill", "decode", "host", "idle")),
-                                    f"{1000 * ph['decode'] / max(r['steps'], 1):.2f}", str(r.get("prefill_calls", "-")))
+                                    f"{1000 * ph['decode'] / max(r['steps'], 1):.2f}", str(r.get("prefill_calls", "-")),
+                                    str(r.get("shared_prefills", "-")), f"{r['seconds'] / row['engine']['seconds']:.2f}x")
     console.print(phase_table)
     console.print(f"in-process weight update ({sync['bytes'] / 2**20:,.0f} MiB, copy_ into the engine's model): "
                   f"wait {sync['wait']:.4f} s, keep {sync['keep']:.4f} s (median of 3)")
@@ -359,7 +381,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     pass
     result = {"h200": h200, "prompt_min": lo, "prompt_max": hi, "new": new, "baseline_new": base_new,
               "legacy_turns": legacy_turns, "legacy_new": legacy_new, "rows": rows, "weight_sync_s": sync,
-              "decode_steps": args.decode_steps, "fuse": args.fuse, "sampler": args.sampler, "parts": parts,
+              "group": args.group, "decode_steps": args.decode_steps, "fuse": args.fuse, "sampler": args.sampler, "parts": parts,
               "torch": torch.__version__, "device": torch.cuda.get_device_name() if h200 else "cpu"}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,10 @@ step and drops those past a stop (``_multi_step``). While a request feeds a
 budget's close tag the engine goes one step at a time. A request that arrives while the engine is idle opens an
 admission window: the engine waits until no request has arrived for ``admission_window_s`` (2 ms on CUDA, none on
 CPU; at most 10 such windows in all), so a burst of turns submitted one by one is prefilled together; later ones
-join the running batch at the next step.
+join the running batch at the next step. Requests admitted together with the same prompt ids (a GRPO group's
+first turn, a tree's leaves at their branch point) are prefilled once: one of them is computed, the others copy
+its keys and values into their slots (``SlotModel.copy_prefix``) and sample their first token from its logits,
+each with its own uniforms (``share_prompts``; ``shared_prefills`` counts the copies).
 
 **What a request gets back** (``EngineOutput``): the token ids, each one's
 logprob (``rollout.engine_sampling``: fp32 log-softmax at the request's
@@ -163,7 +166,8 @@ class Engine:
     layer's q/k/v and gate/up projections as one GEMM each, the modules' weights made views of the packed tensors
     (``SlotModel``; None = on CUDA). ``rope_in_attention``: the split-K kernels apply the rotary embedding
     themselves (``SlotModel``; off by default, opt-in until measured alone on a GPU). ``merge_in_split``: the split
-    kernel's last chunk merges a row's chunks, no merge kernel (``SlotModel``; off by default).
+    kernel's last chunk merges a row's chunks, no merge kernel (``SlotModel``; off by default). ``share_prompts``:
+    requests admitted together with one prompt are prefilled once (module docstring; on by default).
     """
 
     def __init__(
@@ -187,6 +191,7 @@ class Engine:
         pack: bool | None = None,
         rope_in_attention: bool = False,
         merge_in_split: bool = False,
+        share_prompts: bool = True,
     ) -> None:
         if not supports(model):
             raise EngineRequestError(f"{name}: model_type {getattr(model.config, 'model_type', None)!r} is not supported")
@@ -202,6 +207,7 @@ class Engine:
         # On CUDA a burst of turns is worth one prefill batch; on CPU a turn is short and the window would be its cost.
         self.admission_window_s = float(admission_window_s if admission_window_s is not None else (0.002 if cuda else 0.0))
         self.prefill_tokens = int(prefill_tokens or (32768 if cuda else 4096))
+        self.share_prompts = bool(share_prompts)
         graphs = cuda if cuda_graphs is None else bool(cuda_graphs) and cuda
         # On CUDA the decode batch and attended length are rounded up to buckets (one graph each); on CPU exact.
         sizes = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144, 160, 192, 224, 256, 320, 384, 448, 512) if cuda else ()
@@ -237,6 +243,7 @@ class Engine:
         # around them (building a call's inputs, taking its tokens under the stop rules).
         self.phase_s = {"prefill": 0.0, "decode": 0.0, "host": 0.0}
         self.prefills = 0  # prefill forwards run (a burst admitted together is one per length-sorted chunk)
+        self.shared_prefills = 0  # requests whose prompt was not computed: copied from an identical one's cache
         self._arrived = 0.0  # monotonic time of the latest submit (the admission window waits for a quiet gap)
         self._thread = threading.Thread(target=self._loop, name=f"{name}-loop", daemon=True)
         self._thread.start()
@@ -529,6 +536,16 @@ class Engine:
                 length = max(length, min(2 * have.length, self._cap_len))
             self.slots.ensure(min(need, self.max_slots), min(length, self._cap_len))
             fresh.sort(key=lambda lv: len(lv.ids))
+            # Requests with one prompt (a GRPO group's first turn, a tree's leaves at their branch point) are
+            # prefilled once: the first of them is computed, the others copy its cache and share its logits.
+            copies: dict[int, list[_Live]] = {}
+            if self.share_prompts:
+                first: dict[tuple[int, ...], _Live] = {}
+                for live in fresh:
+                    rep = first.setdefault(tuple(live.ids), live)
+                    if rep is not live:
+                        copies.setdefault(id(rep), []).append(live)
+                fresh = [lv for lv in fresh if first[tuple(lv.ids)] is lv]
             chunks: list[list[_Live]] = [[]]
             for live in fresh:  # length-sorted chunks of at most prefill_tokens padded tokens
                 if chunks[-1] and (len(chunks[-1]) + 1) * len(live.ids) > self.prefill_tokens:
@@ -537,9 +554,19 @@ class Engine:
             for chunk in chunks:
                 logits_NV = self.slots.prefill([lv.slot for lv in chunk], [lv.ids for lv in chunk])
                 self.prefills += 1
-                for lv in chunk:
+                ready, rows = list(chunk), list(range(len(chunk)))
+                for i, lv in enumerate(chunk):
+                    same = copies.get(id(lv), [])
+                    if same:
+                        self.slots.copy_prefix(lv.slot, [c.slot for c in same], len(lv.ids))
+                        self.shared_prefills += len(same)
+                        ready += same
+                        rows += [i] * len(same)
+                for lv in ready:
                     lv.pos = len(lv.ids)
-                self._use(chunk, logits_NV)
+                if len(ready) > len(chunk):
+                    logits_NV = logits_NV.index_select(0, torch.tensor(rows, device=logits_NV.device))
+                self._use(ready, logits_NV)
             self.phase_s["prefill"] += time.perf_counter() - t_prefill
         stepping = sorted((lv for lv in self._running.values() if lv.finish is None and lv.feed), key=lambda lv: lv.slot)
         if not stepping or self._held:

@@ -310,6 +310,20 @@ class SlotModel:
     # ------------------------------------------------------------ prefill
 
     @torch.inference_mode()
+    def copy_prefix(self, src: int, dsts: list[int], length: int) -> None:
+        """Copy the first ``length`` cache positions of slot ``src`` into every slot of ``dsts`` (every layer's keys
+        and values): a prompt prefilled once serves requests with the same prompt (``Engine``'s shared prefill)."""
+        if not dsts:
+            return
+        if (not 0 < length <= self.length or not 0 <= src < self.slots or src in dsts
+                or any(not 0 <= d < self.slots for d in dsts)):
+            raise ValueError(f"SlotModel.copy_prefix: slots {src} -> {dsts}, length {length} outside the cache "
+                             f"({self.slots} slots x {self.length})")
+        dst_N = torch.tensor(dsts, dtype=torch.long, device=self.device)
+        for cache in self.k + self.v:
+            cache[dst_N, :, :length] = cache[src, :, :length].clone().unsqueeze(0)  # a copy: torch refuses a view
+
+    @torch.inference_mode()
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """Write ``prompts`` (right-padded into one batch) into ``slots``; the logits after each prompt, ``[n, V]``."""
         self._check_packed()

@@ -34,13 +34,15 @@ def test_tiny_run_on_cpu_derives_every_number_from_the_measured_durations(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "bench.json"
-    assert main(["--tiny", "--device", "cpu", "--json", str(out)], clock=squares) == 0
+    # --group 2: the samples come two to a prompt, and the rollout is timed with the shared prefill off as well
+    assert main(["--tiny", "--device", "cpu", "--group", "2", "--json", str(out)], clock=squares) == 0
     r = json.loads(out.read_text())
     peak = r["peak_tflops"] * 1e12
     assert r["shape"] == "tiny" and r["device"] == "cpu" and r["peak_tflops"] == H200_BF16_TFLOPS
     w = r["workload"]
     assert w["cells"] == list(CELLS) and w["sequences"] == 9 * w["per_cell"]
     assert w["scored_tokens"] == w["sequences"] * w["response_len"]
+    assert w["group"] == 2 and w["lengths"][0::2] == w["lengths"][1::2]  # pairs share a prompt (no stops: equal lengths)
 
     s = r["teacher_scoring"]
     assert s["tokens"] == w["tokens"] and s["scored_tokens"] == w["scored_tokens"]
@@ -88,6 +90,10 @@ def test_tiny_run_on_cpu_derives_every_number_from_the_measured_durations(
     assert it["rollout_share_with_generate"] == pytest.approx(roll["generate_seconds"] / before)
     assert it["rl_rollout_share_with_generate"] == pytest.approx(
         roll["generate_seconds"] / (roll["generate_seconds"] + rl["step_s"]))
+    un = roll["unshared_seconds"]  # every prompt computed: the same iteration's shares with that rollout
+    assert un != roll["seconds"] and roll["unshared_new_tokens_per_s"] == pytest.approx(roll["new_tokens"] / un)
+    assert it["rl_rollout_share_unshared"] == pytest.approx(un / (un + rl["step_s"]))
+    assert it["rollout_share_unshared"] == pytest.approx(un / (it["total_s"] - roll["seconds"] + un))
 
     printed = capsys.readouterr().out
     for title in ("1. teacher scoring", "2. learner step MFU", "3. one MOPD iteration"):

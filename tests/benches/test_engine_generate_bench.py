@@ -20,3 +20,13 @@ def test_engine_generate_bench_runs_on_cpu(tmp_path: Path) -> None:
         assert row["engine"]["tokens"] == row["concurrency"] * 6 and row["engine"]["steps"] >= 5
         assert row["episode"]["tokens"] == 2 * 6 and row["generate"]["tokens"] == row["concurrency"] * 6
     assert result["weight_sync_s"]["keep"] > 0
+
+
+def test_engine_generate_bench_with_groups_shares_each_prompt(tmp_path: Path) -> None:
+    """``--group 4``: 8 turns on 2 prompts; the engine copies 6 of them, the unshared engine computes all 8."""
+    result = main(["--concurrency", "8", "--new", "4", "--group", "4", "--skip", "episode", "generate",
+                   "--json", str(tmp_path / "bench.json")])
+    row = result["rows"][0]
+    assert row["engine"]["shared_prefills"] == 6 and row["engine_unshared"]["shared_prefills"] == 0
+    assert row["engine"]["tokens"] == row["engine_unshared"]["tokens"] == 8 * 4
+    assert result["group"] == 4

@@ -68,6 +68,49 @@ def test_a_burst_submitted_one_by_one_is_prefilled_together(tiny: Any) -> None:
         eng.close()
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_one_prompt_in_a_burst_is_prefilled_once_and_samples_as_if_alone(tiny: Any, recompute: Any,
+                                                                         temperature: float) -> None:
+    """A GRPO group's first turn: four requests with one prompt (and one other) admitted together. The prompt is
+    computed once, the other three copy its cache; every request samples what it samples alone, with logprobs of a
+    plain forward, and the engine with sharing off gives the same."""
+    model, tok = tiny_model(seed=0, tokenizer=tiny[1])
+    group, other = _prompts(tok, 2)
+    reqs = [EngineRequest(prompt_ids=group, max_new_tokens=12, temperature=temperature, seed=40 + i) for i in range(4)]
+    reqs.append(EngineRequest(prompt_ids=other, max_new_tokens=12, temperature=temperature, seed=50))
+    outs = {}
+    for share in (True, False):
+        eng = Engine(model, tok, admission_window_s=0.25, share_prompts=share)
+        try:
+            alone = [eng.generate_sync(r) for r in reqs]
+            before = eng.prefills
+            futs = [eng.submit(r) for r in reqs]
+            outs[share] = [f.result(60) for f in futs]
+            assert eng.prefills - before == 1
+            assert eng.shared_prefills == (3 if share else 0)
+        finally:
+            eng.close()
+        for a, b, r in zip(alone, outs[share], reqs, strict=True):
+            assert a.token_ids == b.token_ids and len(b.token_ids) == 12
+            expected = recompute(model, list(r.prompt_ids), b.token_ids, temperature)
+            assert max(abs(x - y) for x, y in zip(b.logprobs, expected, strict=True)) < 1e-5
+    assert [o.token_ids for o in outs[True]] == [o.token_ids for o in outs[False]]
+    if temperature > 0:  # each copy samples with its own seed
+        assert len({o.token_ids for o in outs[True][:4]}) > 1
+
+
+def test_copy_prefix_refuses_slots_outside_the_cache(tiny: Any) -> None:
+    from rollout.engine_model import SlotModel
+
+    model, _ = tiny_model(seed=0, tokenizer=tiny[1])
+    sm = SlotModel(model, slots=2, length=8)
+    sm.copy_prefix(0, [1], 8)
+    with pytest.raises(ValueError, match=r"copy_prefix: slots 0 -> \[2\], length 4"):
+        sm.copy_prefix(0, [2], 4)
+    with pytest.raises(ValueError, match="length 9 outside the cache"):
+        sm.copy_prefix(0, [1], 9)
+
+
 def test_seeds_decide_the_samples(engine: Engine, tiny: Any) -> None:
     p = _prompts(tiny[1], 1)[0]
     a, b, c = (engine.generate_sync(EngineRequest(prompt_ids=p, max_new_tokens=24, seed=s)) for s in (7, 7, 8))
