@@ -118,7 +118,7 @@ def run_generate(model: Any, ps: list[list[int]], new: int, device: torch.device
 
 
 def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.device) -> dict[str, Any]:
-    def wave(seed: int) -> tuple[float, int, int, dict[str, float], int]:
+    def wave(seed: int) -> tuple[float, int, int, dict[str, float], int, int]:
         steps0, phases0, prefills0, shared0 = engine.steps, dict(engine.phase_s), engine.prefills, engine.shared_prefills
         t0 = time.perf_counter()
         futs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=new, temperature=1.0, seed=seed + i))

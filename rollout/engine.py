@@ -554,19 +554,19 @@ class Engine:
             for chunk in chunks:
                 logits_NV = self.slots.prefill([lv.slot for lv in chunk], [lv.ids for lv in chunk])
                 self.prefills += 1
-                ready, rows = list(chunk), list(range(len(chunk)))
+                admitted_now, row_of = list(chunk), list(range(len(chunk)))
                 for i, lv in enumerate(chunk):
                     same = copies.get(id(lv), [])
                     if same:
                         self.slots.copy_prefix(lv.slot, [c.slot for c in same], len(lv.ids))
                         self.shared_prefills += len(same)
-                        ready += same
-                        rows += [i] * len(same)
-                for lv in ready:
+                        admitted_now += same
+                        row_of += [i] * len(same)
+                for lv in admitted_now:
                     lv.pos = len(lv.ids)
-                if len(ready) > len(chunk):
-                    logits_NV = logits_NV.index_select(0, torch.tensor(rows, device=logits_NV.device))
-                self._use(ready, logits_NV)
+                if len(admitted_now) > len(chunk):
+                    logits_NV = logits_NV.index_select(0, torch.tensor(row_of, device=logits_NV.device))
+                self._use(admitted_now, logits_NV)
             self.phase_s["prefill"] += time.perf_counter() - t_prefill
         stepping = sorted((lv for lv in self._running.values() if lv.finish is None and lv.feed), key=lambda lv: lv.slot)
         if not stepping or self._held:
