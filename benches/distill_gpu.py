@@ -232,7 +232,7 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
         one_step = {"engine_1step_seconds": seconds_1,
                     "engine_1step_new_tokens_per_s": sum(len(o.token_ids) for o in outs_1) / seconds_1}
         del outs_1
-    outs, seconds, warm_s = timed_engine(**options)
+    outs, seconds, warm_s = timed_engine(**options, **({"share_prompts": True} if args.group > 1 else {}))
     seqs = [tuple(p + list(o.token_ids)) for p, o in zip(prompts, outs, strict=True)]
     new_tokens = sum(len(o.token_ids) for o in outs)
     stats = {"seconds": seconds, "sequences": n, "new_tokens": new_tokens, "new_tokens_per_s": new_tokens / seconds,

@@ -274,7 +274,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     legacy = HFPolicy(model, tok, device=device, engine=False, stop_token_ids=(), name="episode-path")
     engine = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps, fuse=args.fuse,
                     attention=args.attention, sampler=args.sampler, pack=args.pack,
-                    rope_in_attention=args.rope_in_attention, merge_in_split=args.merge_in_split)
+                    rope_in_attention=args.rope_in_attention, merge_in_split=args.merge_in_split,
+                    share_prompts=True if args.group > 1 else None)  # on CPU too when the turns share prompts
     engine.reserve(max(args.concurrency), hi + new)
     if args.group < 1:
         ap.error(f"--group must be >= 1, got {args.group}")

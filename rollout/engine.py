@@ -17,7 +17,7 @@ CPU; at most 10 such windows in all), so a burst of turns submitted one by one i
 join the running batch at the next step. Requests admitted together with the same prompt ids (a GRPO group's
 first turn, a tree's leaves at their branch point) are prefilled once: one of them is computed, the others copy
 its keys and values into their slots (``SlotModel.copy_prefix``) and sample their first token from its logits,
-each with its own uniforms (``share_prompts``; ``shared_prefills`` counts the copies).
+each with its own uniforms (``share_prompts``, on CUDA by default; ``shared_prefills`` counts the copies).
 
 **What a request gets back** (``EngineOutput``): the token ids, each one's
 logprob (``rollout.engine_sampling``: fp32 log-softmax at the request's
@@ -167,7 +167,7 @@ class Engine:
     (``SlotModel``; None = on CUDA). ``rope_in_attention``: the split-K kernels apply the rotary embedding
     themselves (``SlotModel``; off by default, opt-in until measured alone on a GPU). ``merge_in_split``: the split
     kernel's last chunk merges a row's chunks, no merge kernel (``SlotModel``; off by default). ``share_prompts``:
-    requests admitted together with one prompt are prefilled once (module docstring; on by default).
+    requests admitted together with one prompt are prefilled once (module docstring; None = on CUDA).
     """
 
     def __init__(
@@ -191,7 +191,7 @@ class Engine:
         pack: bool | None = None,
         rope_in_attention: bool = False,
         merge_in_split: bool = False,
-        share_prompts: bool = True,
+        share_prompts: bool | None = None,
     ) -> None:
         if not supports(model):
             raise EngineRequestError(f"{name}: model_type {getattr(model.config, 'model_type', None)!r} is not supported")
@@ -207,7 +207,8 @@ class Engine:
         # On CUDA a burst of turns is worth one prefill batch; on CPU a turn is short and the window would be its cost.
         self.admission_window_s = float(admission_window_s if admission_window_s is not None else (0.002 if cuda else 0.0))
         self.prefill_tokens = int(prefill_tokens or (32768 if cuda else 4096))
-        self.share_prompts = bool(share_prompts)
+        # On CPU turns seldom meet in one admission (no window), and off keeps the CPU runs' numbers as they were.
+        self.share_prompts = cuda if share_prompts is None else bool(share_prompts)
         graphs = cuda if cuda_graphs is None else bool(cuda_graphs) and cuda
         # On CUDA the decode batch and attended length are rounded up to buckets (one graph each); on CPU exact.
         sizes = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144, 160, 192, 224, 256, 320, 384, 448, 512) if cuda else ()
