@@ -45,6 +45,29 @@ def test_graph_decode_matches_eager_and_a_full_forward() -> None:
         eager.close()
 
 
+def test_a_group_with_one_prompt_is_prefilled_once_and_samples_as_if_alone_on_the_device() -> None:
+    """The shared prefill on CUDA (its default there): eight requests with one prompt, graphs and multi-step decode;
+    each gets the tokens it gets alone from an engine with sharing off, and the logprobs of a full forward."""
+    model, tok = tiny_model(seed=0)
+    model = model.to("cuda").eval()
+    prompt = tok.encode("Count the lines of a.txt, please." + " x" * 40)
+    reqs = [EngineRequest(prompt_ids=prompt, max_new_tokens=33, temperature=1.0, seed=70 + i) for i in range(8)]
+    shared = Engine(model, tok, admission_window_s=0.05)
+    alone = Engine(model, tok, admission_window_s=0.05, share_prompts=False)
+    try:
+        together = [f.result(120) for f in [shared.submit(r) for r in reqs]]
+        assert shared.shared_prefills == 7 and shared.prefills == 1
+        for a, r in zip(together, reqs, strict=True):
+            b = alone.generate_sync(r, 120)
+            assert a.token_ids == b.token_ids and len(a.token_ids) == r.max_new_tokens
+            worst = max(abs(x - y) for x, y in zip(a.logprobs, _recompute(model, prompt, a.token_ids, 1.0)))
+            assert worst < 1e-4, worst
+        assert len({o.token_ids for o in together}) > 1
+    finally:
+        shared.close()
+        alone.close()
+
+
 def test_split_k_attention_matches_sdpa_in_bf16_on_the_device() -> None:
     """The Triton kernels (the engine's default for 16-bit models on CUDA) against SDPA at the 0.5B shape's heads."""
     import torch.nn.functional as F
