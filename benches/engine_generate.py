@@ -272,19 +272,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model: Any = AutoModelForCausalLM.from_config(cfg)
     model = model.to(device=device, dtype=dtype).eval()
     legacy = HFPolicy(model, tok, device=device, engine=False, stop_token_ids=(), name="episode-path")
+    if args.group < 1:
+        ap.error(f"--group must be >= 1, got {args.group}")
+    # --group on CPU: a 50 ms admission window for both engines (CPU has none), so a wave's turns are admitted together
+    window = 0.05 if args.group > 1 and device.type == "cpu" else None
     engine = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps, fuse=args.fuse,
+                    admission_window_s=window,
                     attention=args.attention, sampler=args.sampler, pack=args.pack,
                     rope_in_attention=args.rope_in_attention, merge_in_split=args.merge_in_split,
                     share_prompts=True if args.group > 1 else None)  # on CPU too when the turns share prompts
     engine.reserve(max(args.concurrency), hi + new)
-    if args.group < 1:
-        ap.error(f"--group must be >= 1, got {args.group}")
     unshared = None
     if args.group > 1:
         unshared = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps,
                           fuse=args.fuse, attention=args.attention, sampler=args.sampler, pack=args.pack,
                           rope_in_attention=args.rope_in_attention, merge_in_split=args.merge_in_split,
-                          share_prompts=False, name="engine-unshared")
+                          share_prompts=False, admission_window_s=window, name="engine-unshared")
         unshared.reserve(max(args.concurrency), hi + new)
     old = None
     if args.compare:
