@@ -229,8 +229,8 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
         del outs_u
     if args.engine_1step:  # the engine as it was before multi-step decode, fused kernels, split-K attention
         outs_1, seconds_1, _ = timed_engine(decode_steps=1, fuse=False, attention="sdpa")
-        one_step = {"engine_1step_seconds": seconds_1,
-                    "engine_1step_new_tokens_per_s": sum(len(o.token_ids) for o in outs_1) / seconds_1}
+        one_step.update(engine_1step_seconds=seconds_1,
+                        engine_1step_new_tokens_per_s=sum(len(o.token_ids) for o in outs_1) / seconds_1)
         del outs_1
     outs, seconds, warm_s = timed_engine(**options, **({"share_prompts": True} if args.group > 1 else {}))
     seqs = [tuple(p + list(o.token_ids)) for p, o in zip(prompts, outs, strict=True)]
