@@ -315,8 +315,9 @@ class SlotModel:
         and values): a prompt prefilled once serves requests with the same prompt (``Engine``'s shared prefill)."""
         if not dsts:
             return
-        if (not 0 < length <= self.length or not 0 <= src < self.slots or src in dsts
-                or any(not 0 <= d < self.slots for d in dsts)):
+        if src in dsts:
+            raise ValueError(f"SlotModel.copy_prefix: source slot {src} is also among the destinations {dsts}")
+        if not 0 < length <= self.length or not 0 <= src < self.slots or any(not 0 <= d < self.slots for d in dsts):
             raise ValueError(f"SlotModel.copy_prefix: slots {src} -> {dsts}, length {length} outside the cache "
                              f"({self.slots} slots x {self.length})")
         dst_N = torch.tensor(dsts, dtype=torch.long, device=self.device)

@@ -109,6 +109,8 @@ def test_copy_prefix_refuses_slots_outside_the_cache(tiny: Any) -> None:
         sm.copy_prefix(0, [2], 4)
     with pytest.raises(ValueError, match="length 9 outside the cache"):
         sm.copy_prefix(0, [1], 9)
+    with pytest.raises(ValueError, match=r"source slot 1 is also among the destinations \[0, 1\]"):
+        sm.copy_prefix(1, [0, 1], 4)
 
 
 def test_seeds_decide_the_samples(engine: Engine, tiny: Any) -> None:
