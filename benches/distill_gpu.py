@@ -200,8 +200,14 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
         generate_s = watch.now() - t0
         del out
 
-    def timed_engine(**options: Any) -> tuple[list[Any], float, float]:
-        engine = Engine(lm, max_slots=n, max_len=width + args.response_len, **options)
+    paid: dict[str, dict[str, Any]] = {}  # per engine: what its timed wave still captured or compiled, its admissions
+
+    def timed_engine(label: str, **options: Any) -> tuple[list[Any], float, float]:
+        from torch._dynamo.utils import counters
+
+        # --group on CPU: a 50 ms admission window (CPU has none), so a wave's samples are admitted together
+        window = 0.05 if args.group > 1 and device.type == "cpu" else None
+        engine = Engine(lm, max_slots=n, max_len=width + args.response_len, admission_window_s=window, **options)
         engine.reserve(n, width + args.response_len)
 
         def wave(seed: int) -> list[Any]:  # no stop tokens: every request samples --response-len tokens, as generate does
@@ -210,11 +216,20 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
             return [f.result() for f in futs]
 
         t0 = watch.now()
-        wave(10_000)  # warm-up: CUDA-graph capture for every (batch, length) bucket the wave meets
+        for w in range(args.warm_waves):  # CUDA-graph capture for every (batch, length) bucket the waves meet, compiles
+            wave(10_000 + 1_000 * w)
         warm_s = watch.now() - t0
+        captures0, graphs0 = engine.slots.captures, counters["stats"]["unique_graphs"]
+        phases0, prefills0, shared0 = dict(engine.phase_s), engine.prefills, engine.shared_prefills
+        engine.admissions.clear()
         t0 = watch.now()
         outs = wave(args.seed)
         seconds = watch.now() - t0
+        paid[label] = {"captures": engine.slots.captures - captures0,
+                       "compiled_graphs": counters["stats"]["unique_graphs"] - graphs0,
+                       "admissions": list(engine.admissions), "prefills": engine.prefills - prefills0,
+                       "shared_prefills": engine.shared_prefills - shared0,
+                       "phases_s": {k: v - phases0[k] for k, v in engine.phase_s.items()}}
         engine.close()
         return outs, seconds, warm_s
 
@@ -223,22 +238,23 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
                **({"merge_in_split": True} if args.merge_in_split else {}),
                **({"decode_steps": args.decode_steps} if args.decode_steps else {})}
     if args.group > 1:  # the same engine computing every prompt: what the shared prefill saves, same run
-        outs_u, seconds_u, _ = timed_engine(share_prompts=False, **options)
+        outs_u, seconds_u, _ = timed_engine("unshared", share_prompts=False, **options)
         one_step.update(unshared_seconds=seconds_u,
                         unshared_new_tokens_per_s=sum(len(o.token_ids) for o in outs_u) / seconds_u)
         del outs_u
     if args.engine_1step:  # the engine as it was before multi-step decode, fused kernels, split-K attention
-        outs_1, seconds_1, _ = timed_engine(decode_steps=1, fuse=False, attention="sdpa")
+        outs_1, seconds_1, _ = timed_engine("engine_1step", decode_steps=1, fuse=False, attention="sdpa")
         one_step.update(engine_1step_seconds=seconds_1,
                         engine_1step_new_tokens_per_s=sum(len(o.token_ids) for o in outs_1) / seconds_1)
         del outs_1
-    outs, seconds, warm_s = timed_engine(**options, **({"share_prompts": True} if args.group > 1 else {}))
+    outs, seconds, warm_s = timed_engine("engine", **options, **({"share_prompts": True} if args.group > 1 else {}))
     seqs = [tuple(p + list(o.token_ids)) for p, o in zip(prompts, outs, strict=True)]
     new_tokens = sum(len(o.token_ids) for o in outs)
     stats = {"seconds": seconds, "sequences": n, "new_tokens": new_tokens, "new_tokens_per_s": new_tokens / seconds,
              "warmup_s": warm_s, "generate_seconds": generate_s,
              "generate_new_tokens_per_s": n * args.response_len / generate_s,
              "engine_vs_generate": generate_s / seconds, "peak_mem_gib": _gib(device, True), **one_step,
+             "timed_wave": paid,  # per engine: graphs captured and compiled inside the timed wave, its admissions
              "engine": f"rollout.engine, {str(dtype).removeprefix('torch.')}, {n} requests at once"
                        + (", rotary in the attention kernel" if args.rope_in_attention else "")
                        + (", chunks merged in the split kernel" if args.merge_in_split else "")
@@ -604,6 +620,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group", type=int, default=1,
                    help="samples a prompt, in a row (GRPO's group; default 1: every sample its own prompt); > 1 also "
                         "times the rollout with the engine's shared prefill off, same run")
+    p.add_argument("--warm-waves", type=int, default=2, help="untimed rollout waves before the timed one (default 2)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     if args.tiny:

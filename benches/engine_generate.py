@@ -13,8 +13,9 @@ Three contenders on the same model and the same random prompts, in one run:
   EOS off), all turns in one batch, ``--baseline-new`` new tokens (fewer than ``--new`` on the H200, which
   flatters it: its step time grows with the context).
 - ``engine``: ``rollout.engine.Engine``, the turns submitted at once as requests (temperature 1, own seeds,
-  no stop tokens), ``--new`` new tokens each; prefill included, warm-up (a full identical wave: CUDA
-  graph capture) excluded. ``--decode-steps`` / ``--fuse`` / ``--attention`` / ``--pack`` /
+  no stop tokens), ``--new`` new tokens each; prefill included, warm-up (``--warm-waves`` full waves of the same turns,
+  2 by default: CUDA graph capture, compiles) excluded; the phase table shows how the timed wave was admitted and
+  what it still captured or compiled. ``--decode-steps`` / ``--fuse`` / ``--attention`` / ``--pack`` /
   ``--rope-in-attention`` / ``--merge-in-split`` set its options (default: the engine's).
 - ``engine_unshared`` (``--group G`` > 1: the turns come ``G`` to a prompt, as a GRPO group's first turns do): the
   same engine with its shared prefill off (``share_prompts=False``: every turn's prompt computed), same run; the
@@ -117,7 +118,19 @@ def run_generate(model: Any, ps: list[list[int]], new: int, device: torch.device
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "turns": len(ps), "new": new}
 
 
-def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.device) -> dict[str, Any]:
+def compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process (a rise inside a timed wave is a compile it paid)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _sizes(sizes: list[int]) -> str:
+    """A wave's admission sizes, short: ``72`` or ``1+71`` (``+…`` past six)."""
+    return "+".join(map(str, sizes[:6])) + ("+…" if len(sizes) > 6 else "") if sizes else "-"
+
+
+def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.device, warm_waves: int = 2) -> dict[str, Any]:
     def wave(seed: int) -> tuple[float, int, int, dict[str, float], int, int]:
         steps0, phases0, prefills0, shared0 = engine.steps, dict(engine.phase_s), engine.prefills, engine.shared_prefills
         t0 = time.perf_counter()
@@ -129,13 +142,20 @@ def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.devi
         return (time.perf_counter() - t0, sum(len(o.token_ids) for o in outs), engine.steps - steps0, phases,
                 engine.prefills - prefills0, engine.shared_prefills - shared0)
 
-    warm_s = wave(10_000)[0]  # graph capture for every (batch, length) bucket the wave meets
+    # graph capture for every (batch, length) bucket the waves meet; a burst's admissions can split differently from
+    # one wave to the next, so more than one wave
+    warm_s = sum(wave(10_000 + 1_000 * w)[0] for w in range(warm_waves))
+    captures0, graphs0 = engine.slots.captures, compiled_graphs()
+    engine.admissions.clear()
     seconds, tokens, steps, phases, calls, shared = wave(0)
     # where the engine thread's wall went in the timed wave: prefill, waiting on decode calls, host work (and idle)
     phases["idle"] = max(seconds - sum(phases.values()), 0.0)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "turns": len(ps), "new": new,
             "steps": steps, "ms_per_step": 1000 * seconds / max(steps, 1), "warmup_s": warm_s, "phases_s": phases,
-            "prefill_calls": calls, "shared_prefills": shared}
+            "prefill_calls": calls, "shared_prefills": shared,
+            # paid inside the timed wave: graph captures, torch.compile graphs, and how the burst was admitted
+            "captures": engine.slots.captures - captures0, "compiled_graphs": compiled_graphs() - graphs0,
+            "admissions": list(engine.admissions)}
 
 
 def step_parts(model: Any, n: int, length: int, device: torch.device, repeats: int = 20) -> dict[str, Any]:
@@ -247,6 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--group", type=int, default=1,
                     help="turns per prompt (a GRPO group's first turns): the engine against itself with its shared "
                          "prefill off (engine_unshared), same run")
+    ap.add_argument("--warm-waves", type=int, default=2, help="untimed waves before the timed one (default 2)")
     ap.add_argument("--compare", action="store_true", help="also the engine one step at a time, unfused (engine_1step)")
     ap.add_argument("--parts", action="store_true", help="CUDA: time the pieces of a step (see the module docstring)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
@@ -310,10 +331,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         if old is not None:
-            row["engine_1step"] = run_engine(old, ps, new, device)
+            row["engine_1step"] = run_engine(old, ps, new, device, args.warm_waves)
         if unshared is not None:
-            row["engine_unshared"] = run_engine(unshared, ps, new, device)
-        row["engine"] = run_engine(engine, ps, new, device)
+            row["engine_unshared"] = run_engine(unshared, ps, new, device, args.warm_waves)
+        row["engine"] = run_engine(engine, ps, new, device, args.warm_waves)
         if h200:
             row["roofline_tokens_per_s"] = roofline(cfg, ps, new, 2, args.hbm_tbs)
         rows.append(row)
@@ -357,7 +378,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     console.print(table)
     phase_table = Table(title="the engine thread's wall in the timed wave, seconds (decode: waiting on decode calls)")
     for col in ("turns", "contender", "wall", "prefill", "decode", "host", "idle", "decode ms / step", "prefills",
-                "shared", "wall / engine's"):
+                "shared", "admissions", "captures / compiles", "wall / engine's"):
         phase_table.add_column(col, justify="right")
     for row in rows:
         for name in ("engine_1step", "engine_unshared", "engine"):
@@ -366,7 +387,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 phase_table.add_row(str(row["concurrency"]), name, f"{r['seconds']:.3f}",
                                     *(f"{ph[k]:.3f}" for k in ("prefill", "decode", "host", "idle")),
                                     f"{1000 * ph['decode'] / max(r['steps'], 1):.2f}", str(r.get("prefill_calls", "-")),
-                                    str(r.get("shared_prefills", "-")), f"{r['seconds'] / row['engine']['seconds']:.2f}x")
+                                    str(r.get("shared_prefills", "-")), _sizes(r["admissions"]),
+                                    f"{r['captures']} / {r['compiled_graphs']}",
+                                    f"{r['seconds'] / row['engine']['seconds']:.2f}x")
     console.print(phase_table)
     console.print(f"in-process weight update ({sync['bytes'] / 2**20:,.0f} MiB, copy_ into the engine's model): "
                   f"wait {sync['wait']:.4f} s, keep {sync['keep']:.4f} s (median of 3)")

@@ -245,6 +245,7 @@ class Engine:
         self.phase_s = {"prefill": 0.0, "decode": 0.0, "host": 0.0}
         self.prefills = 0  # prefill forwards run (a burst admitted together is one per length-sorted chunk)
         self.shared_prefills = 0  # requests whose prompt was not computed: copied from an identical one's cache
+        self.admissions: collections.deque[int] = collections.deque(maxlen=1024)  # latest admissions' sizes (benches)
         self._arrived = 0.0  # monotonic time of the latest submit (the admission window waits for a quiet gap)
         self._thread = threading.Thread(target=self._loop, name=f"{name}-loop", daemon=True)
         self._thread.start()
@@ -466,6 +467,8 @@ class Engine:
                 if not self._running and self.admission_window_s > 0:  # idle: let a burst gather
                     self._gather()
                 admitted = self._admit()
+                if admitted:
+                    self.admissions.append(len(admitted))
             try:
                 with self._step:
                     self._iteration(admitted)

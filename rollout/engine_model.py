@@ -212,6 +212,7 @@ class SlotModel:
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self._captured: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+        self.captures = 0  # CUDA graphs captured (benches: a capture inside a timed wave is a warm-up it missed)
         self._pool: Any = None
         self.ensure(slots, length)
 
@@ -498,6 +499,7 @@ class SlotModel:
             with torch.cuda.graph(graph, pool=self._pool):
                 out = body()
             self._captured[key] = (graph, out)
+            self.captures += 1
         graph, out = self._captured[key]
         graph.replay()
         return out

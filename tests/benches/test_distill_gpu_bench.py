@@ -43,6 +43,9 @@ def test_tiny_run_on_cpu_derives_every_number_from_the_measured_durations(
     assert w["cells"] == list(CELLS) and w["sequences"] == 9 * w["per_cell"]
     assert w["scored_tokens"] == w["sequences"] * w["response_len"]
     assert w["group"] == 2 and w["lengths"][0::2] == w["lengths"][1::2]  # pairs share a prompt (no stops: equal lengths)
+    for label, shared in (("engine", 9), ("unshared", 0)):  # the timed wave: every sample admitted once, 9 copies
+        paid = r["rollout"]["timed_wave"][label]
+        assert sum(paid["admissions"]) == w["sequences"] and paid["shared_prefills"] == shared and paid["captures"] == 0
 
     s = r["teacher_scoring"]
     assert s["tokens"] == w["tokens"] and s["scored_tokens"] == w["scored_tokens"]

@@ -30,3 +30,5 @@ def test_engine_generate_bench_with_groups_shares_each_prompt(tmp_path: Path) ->
     assert row["engine"]["shared_prefills"] == 6 and row["engine_unshared"]["shared_prefills"] == 0
     assert row["engine"]["tokens"] == row["engine_unshared"]["tokens"] == 8 * 4
     assert result["group"] == 4
+    for name in ("engine", "engine_unshared"):  # the timed wave's admissions hold every turn once; CPU: no graphs
+        assert sum(row[name]["admissions"]) == 8 and row[name]["captures"] == 0
