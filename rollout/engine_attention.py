@@ -238,4 +238,34 @@ def decode_attention(
     return out
 
 
-__all__ = ["available", "decode_attention", "make_kernels", "shape_ok", "splits_for"]
+def warm_splits(
+    kv_heads: int, groups: int, head_dim: int, dtype: torch.dtype, device: torch.device, scale: float,
+    windows: set[int | None], rope: bool, merge: bool, kernels: tuple[Any, Any] | None = None,
+) -> int:
+    """Launch the split-K kernels once for every chunk count (1, 2, 4, .., ``MAX_SPLITS``) and window, on a scratch
+    cache with the flags the decode step uses (``rope``: the rotary in the kernel; ``merge``: the chunks merged in
+    it). Triton compiles one kernel per chunk count, about a second each; met first inside a wave (a burst admitted
+    in two parts meets a batch bucket whose chunk count is new), that compile stalls every request in flight.
+    Returns the launches made."""
+    length = BLOCK_N * MAX_SPLITS
+    k = torch.zeros((1, kv_heads, length, head_dim), dtype=dtype, device=device)
+    v = torch.zeros_like(k)
+    q = torch.zeros((1, kv_heads, groups, head_dim), dtype=dtype, device=device)
+    kn, vn = torch.zeros((1, kv_heads, head_dim), dtype=dtype, device=device), torch.zeros((1, kv_heads, head_dim),
+                                                                                             dtype=dtype, device=device)
+    rotary = ({"cos_BD": torch.ones((1, head_dim), dtype=dtype, device=device),
+               "sin_BD": torch.zeros((1, head_dim), dtype=dtype, device=device)} if rope else {})
+    counters = torch.zeros(kv_heads, dtype=torch.int32, device=device) if merge else None
+    pos = torch.zeros(1, dtype=torch.long, device=device)
+    launches = 0
+    for window in sorted(windows, key=lambda w: w or 0):
+        splits = 1
+        while splits <= MAX_SPLITS:
+            decode_attention(q, k, v, pos, length, scale, window, kernels=kernels, splits=splits, k_new=kn, v_new=vn,
+                             counters=counters, **rotary)
+            launches += 1
+            splits *= 2
+    return launches
+
+
+__all__ = ["available", "decode_attention", "make_kernels", "shape_ok", "splits_for", "warm_splits"]

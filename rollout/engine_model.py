@@ -212,6 +212,7 @@ class SlotModel:
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self._captured: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+        self._warmed_splits = False  # the split-K kernels compiled for every chunk count (``ensure``)
         self.captures = 0  # CUDA graphs captured (benches: a capture inside a timed wave is a warm-up it missed)
         self._pool: Any = None
         self.ensure(slots, length)
@@ -230,6 +231,11 @@ class SlotModel:
             new[: old.shape[0], :, : old.shape[2]].copy_(old)
         self.k, self.v = new_k, new_v
         self.slots, self.length = slots, length
+        if self.attention == "triton" and self.device.type == "cuda" and not self._warmed_splits:
+            # every chunk count compiled now, not inside a wave (engine_attention.warm_splits)
+            engine_attention.warm_splits(self.kv_heads, self.groups, self.head_dim, self.dtype, self.device, self.scale,
+                                         set(self.windows), self.fuse and self.rope_in_attention, self.merge_in_split)
+            self._warmed_splits = True
         self._tokens = torch.zeros(slots, dtype=torch.long, device=self.device)
         self._pos = torch.zeros(slots, dtype=torch.long, device=self.device)
         self._temp = torch.zeros(slots, dtype=torch.float32, device=self.device)
