@@ -253,8 +253,8 @@ def warm_splits(
     q = torch.zeros((1, kv_heads, groups, head_dim), dtype=dtype, device=device)
     kn, vn = torch.zeros((1, kv_heads, head_dim), dtype=dtype, device=device), torch.zeros((1, kv_heads, head_dim),
                                                                                              dtype=dtype, device=device)
-    rotary = ({"cos_BD": torch.ones((1, head_dim), dtype=dtype, device=device),
-               "sin_BD": torch.zeros((1, head_dim), dtype=dtype, device=device)} if rope else {})
+    cos = torch.ones((1, head_dim), dtype=dtype, device=device) if rope else None
+    sin = torch.zeros((1, head_dim), dtype=dtype, device=device) if rope else None
     counters = torch.zeros(kv_heads, dtype=torch.int32, device=device) if merge else None
     pos = torch.zeros(1, dtype=torch.long, device=device)
     launches = 0
@@ -262,7 +262,7 @@ def warm_splits(
         splits = 1
         while splits <= MAX_SPLITS:
             decode_attention(q, k, v, pos, length, scale, window, kernels=kernels, splits=splits, k_new=kn, v_new=vn,
-                             counters=counters, **rotary)
+                             cos_BD=cos, sin_BD=sin, counters=counters)
             launches += 1
             splits *= 2
     return launches
