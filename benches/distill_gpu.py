@@ -203,8 +203,6 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
     paid: dict[str, dict[str, Any]] = {}  # per engine: what its timed wave still captured or compiled, its admissions
 
     def timed_engine(label: str, **options: Any) -> tuple[list[Any], float, float]:
-        from torch._dynamo.utils import counters
-
         # --group on CPU: a 50 ms admission window (CPU has none), so a wave's samples are admitted together
         window = 0.05 if args.group > 1 and device.type == "cpu" else None
         engine = Engine(lm, max_slots=n, max_len=width + args.response_len, admission_window_s=window, **options)
@@ -219,14 +217,14 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
         for w in range(args.warm_waves):  # CUDA-graph capture for every (batch, length) bucket the waves meet, compiles
             wave(10_000 + 1_000 * w)
         warm_s = watch.now() - t0
-        captures0, graphs0 = engine.slots.captures, counters["stats"]["unique_graphs"]
+        captures0, graphs0 = engine.slots.captures, compile_stats()["unique_graphs"]
         phases0, prefills0, shared0 = dict(engine.phase_s), engine.prefills, engine.shared_prefills
         engine.admissions.clear()
         t0 = watch.now()
         outs = wave(args.seed)
         seconds = watch.now() - t0
         paid[label] = {"captures": engine.slots.captures - captures0,
-                       "compiled_graphs": counters["stats"]["unique_graphs"] - graphs0,
+                       "compiled_graphs": compile_stats()["unique_graphs"] - graphs0,
                        "admissions": list(engine.admissions), "prefills": engine.prefills - prefills0,
                        "shared_prefills": engine.shared_prefills - shared0,
                        "phases_s": {k: v - phases0[k] for k, v in engine.phase_s.items()}}

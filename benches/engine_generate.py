@@ -50,6 +50,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForCausalLM, Qwen2Config
 
+from benches.learner_gpu import compile_stats
 from rollout.engine import Engine, EngineRequest
 from rollout.policy.hf import HFPolicy
 from rollout.policy.models import tiny_config
@@ -118,13 +119,6 @@ def run_generate(model: Any, ps: list[list[int]], new: int, device: torch.device
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "turns": len(ps), "new": new}
 
 
-def compiled_graphs() -> int:
-    """Graphs torch.compile has built in this process (a rise inside a timed wave is a compile it paid)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
 def _sizes(sizes: list[int]) -> str:
     """A wave's admission sizes, short: ``72`` or ``1+71`` (``+…`` past six)."""
     return "+".join(map(str, sizes[:6])) + ("+…" if len(sizes) > 6 else "") if sizes else "-"
@@ -145,7 +139,7 @@ def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.devi
     # graph capture for every (batch, length) bucket the waves meet; a burst's admissions can split differently from
     # one wave to the next, so more than one wave
     warm_s = sum(wave(10_000 + 1_000 * w)[0] for w in range(warm_waves))
-    captures0, graphs0 = engine.slots.captures, compiled_graphs()
+    captures0, graphs0 = engine.slots.captures, compile_stats()["unique_graphs"]
     engine.admissions.clear()
     seconds, tokens, steps, phases, calls, shared = wave(0)
     # where the engine thread's wall went in the timed wave: prefill, waiting on decode calls, host work (and idle)
@@ -154,7 +148,7 @@ def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.devi
             "steps": steps, "ms_per_step": 1000 * seconds / max(steps, 1), "warmup_s": warm_s, "phases_s": phases,
             "prefill_calls": calls, "shared_prefills": shared,
             # paid inside the timed wave: graph captures, torch.compile graphs, and how the burst was admitted
-            "captures": engine.slots.captures - captures0, "compiled_graphs": compiled_graphs() - graphs0,
+            "captures": engine.slots.captures - captures0, "compiled_graphs": compile_stats()["unique_graphs"] - graphs0,
             "admissions": list(engine.admissions)}
 
 

@@ -251,8 +251,8 @@ def warm_splits(
     k = torch.zeros((1, kv_heads, length, head_dim), dtype=dtype, device=device)
     v = torch.zeros_like(k)
     q = torch.zeros((1, kv_heads, groups, head_dim), dtype=dtype, device=device)
-    kn, vn = torch.zeros((1, kv_heads, head_dim), dtype=dtype, device=device), torch.zeros((1, kv_heads, head_dim),
-                                                                                             dtype=dtype, device=device)
+    kn = torch.zeros((1, kv_heads, head_dim), dtype=dtype, device=device)
+    vn = torch.zeros_like(kn)
     cos = torch.ones((1, head_dim), dtype=dtype, device=device) if rope else None
     sin = torch.zeros((1, head_dim), dtype=dtype, device=device) if rope else None
     counters = torch.zeros(kv_heads, dtype=torch.int32, device=device) if merge else None
