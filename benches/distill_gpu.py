@@ -240,6 +240,11 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
         one_step.update(unshared_seconds=seconds_u,
                         unshared_new_tokens_per_s=sum(len(o.token_ids) for o in outs_u) / seconds_u)
         del outs_u
+        if device.type == "cuda":  # the shared prefill with each copy reading its prompt from its own slot
+            outs_o, seconds_o, _ = timed_engine("own_reads", share_prompts=True, shared_reads=False, **options)
+            one_step.update(own_reads_seconds=seconds_o,
+                            own_reads_new_tokens_per_s=sum(len(o.token_ids) for o in outs_o) / seconds_o)
+            del outs_o
     if args.engine_1step:  # the engine as it was before multi-step decode, fused kernels, split-K attention
         outs_1, seconds_1, _ = timed_engine("engine_1step", decode_steps=1, fuse=False, attention="sdpa")
         one_step.update(engine_1step_seconds=seconds_1,
@@ -486,6 +491,10 @@ def run(args: argparse.Namespace, clock: Clock = time.perf_counter,
         un = roll["unshared_seconds"]
         shares_1step.update(rollout_share_unshared=un / (total - roll["seconds"] + un),
                             rl_rollout_share_unshared=un / (un + learn["rl"]["step_s"]))
+    if "own_reads_seconds" in roll:  # the same iteration with each copy reading its prompt from its own slot
+        ow = roll["own_reads_seconds"]
+        shares_1step.update(rollout_share_own_reads=ow / (total - roll["seconds"] + ow),
+                            rl_rollout_share_own_reads=ow / (ow + learn["rl"]["step_s"]))
     iteration = {"phases_s": phases, "total_s": total, "share": {k: v / total for k, v in phases.items()}, **shares_1step,
                  "rollout_share_with_generate": roll["generate_seconds"] / before,
                  "rl_rollout_share": roll["seconds"] / rl_total, "rl_rollout_share_with_generate": roll["generate_seconds"] / rl_before,
@@ -575,6 +584,10 @@ def tables(r: dict[str, Any]) -> list[Any]:
     if "rollout_share_unshared" in it:
         t3.add_row(f"rollout share with every prompt computed, no shared prefill ({roll['unshared_new_tokens_per_s']:,.0f} "
                    "tok/s)", "", f"{100 * it['rollout_share_unshared']:.1f}%", f"{100 * it['rl_rollout_share_unshared']:.1f}%")
+    if "rollout_share_own_reads" in it:
+        t3.add_row(f"rollout share with each copy reading its prompt from its own slot "
+                   f"({roll['own_reads_new_tokens_per_s']:,.0f} tok/s)", "", f"{100 * it['rollout_share_own_reads']:.1f}%",
+                   f"{100 * it['rl_rollout_share_own_reads']:.1f}%")
     t3.add_row(f"rollout share with {roll['baseline']} ({roll['generate_new_tokens_per_s']:,.0f} tok/s)", "",
                f"{100 * it['rollout_share_with_generate']:.1f}%", f"{100 * it['rl_rollout_share_with_generate']:.1f}%")
     t3.caption = (f"MOPD / RL iteration {it['vs_rl_iteration']:.2f}x; engine rollout {roll['engine_vs_generate']:.2f}x "
@@ -617,7 +630,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-steps", type=int, default=None, help="the engine's decode_steps (default: its own)")
     p.add_argument("--group", type=int, default=1,
                    help="samples a prompt, in a row (GRPO's group; default 1: every sample its own prompt); > 1 also "
-                        "times the rollout with the engine's shared prefill off, same run")
+                        "times the rollout with the engine's shared prefill off and, on CUDA, with each copy reading "
+                        "its prompt from its own slot (shared_reads=False), same run")
     p.add_argument("--warm-waves", type=int, default=2, help="untimed rollout waves before the timed one (default 2)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)

@@ -20,6 +20,9 @@ Three contenders on the same model and the same random prompts, in one run:
 - ``engine_unshared`` (``--group G`` > 1: the turns come ``G`` to a prompt, as a GRPO group's first turns do): the
   same engine with its shared prefill off (``share_prompts=False``: every turn's prompt computed), same run; the
   phase table shows the prefill seconds and the copies (``shared``) of each.
+- ``engine_own_reads`` (``--group G`` > 1 with the split-K attention): the engine with its shared prefill but each
+  copy's decode steps reading the prompt from its own slot (``shared_reads=False``), same run: what reading a
+  group's prompt from one slot saves.
 - ``engine_1step`` (``--compare``): the same engine one decode step per host look, without the fused
   kernels, with SDPA attention and the torch sampler (``decode_steps=1, fuse=False, attention="sdpa",
   sampler="torch"``: the engine as it was before multi-step decoding), same run.
@@ -27,8 +30,9 @@ Three contenders on the same model and the same random prompts, in one run:
 ``--parts`` (CUDA) times the pieces of a step at every concurrency with CUDA events: a graph replay of one
 decode step, ``sample_rows`` and ``sample_fused`` on its logits, one step of an 8-step ``decode_sample``
 replay, for the modules with SDPA, the fused kernels with SDPA, the fused kernels with the split-K attention
-(these three with the torch sampler) and all of it with the fused sampler (``fused_all``), and counts the
-kernels of one eager step (``torch.profiler``).
+(these three with the torch sampler) and all of it with the fused sampler (``fused_all``; ``fused_all_shared``:
+the same with the rows in groups of ``--group`` reading a prompt-long prefix from the group's first slot), and
+counts the kernels of one eager step (``torch.profiler``).
 
 Tokens/s counts new tokens only. ``roofline`` (CUDA): the decode roofline of bf16 weights + each
 step's KV read once at ``--hbm-tbs`` TB/s, averaged over the wave, and the engine's share of it.
@@ -152,7 +156,8 @@ def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.devi
             "admissions": list(engine.admissions)}
 
 
-def step_parts(model: Any, n: int, length: int, device: torch.device, repeats: int = 20) -> dict[str, Any]:
+def step_parts(model: Any, n: int, length: int, device: torch.device, repeats: int = 20, group: int = 1,
+               new: int = 512) -> dict[str, Any]:
     """Milliseconds of the pieces of one decode step at ``n`` rows attending over ``length`` (CUDA events)."""
     from rollout.engine_model import SlotModel
     from rollout.engine_sampling import fused_available, sample_fused, sample_rows
@@ -175,8 +180,13 @@ def step_parts(model: Any, n: int, length: int, device: torch.device, repeats: i
                 ("fused_triton", True, "triton", "torch")]
     if fused_available(device):
         variants.append(("fused_all", True, "triton", "triton"))
+        if group > 1:
+            variants.append(("fused_all_shared", True, "triton", "triton"))
     for tag, fuse, attention, sampler in variants:
         sm = SlotModel(model, slots=n, length=length, graphs=True, fuse=fuse, attention=attention, sampler=sampler)
+        if tag.endswith("_shared"):  # each group's rows read their first ``length - new - 80`` positions from one slot
+            for first in range(0, n, group):
+                sm.copy_prefix(first, list(range(first + 1, min(first + group, n))), length - new - 80)
         logits = sm.decode(tokens, pos, n, length)
         out[f"decode_graph_ms_{tag}"] = timed(lambda: sm.decode(tokens, pos, n, length))
         one = torch.ones(n, device=device)
@@ -304,6 +314,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           rope_in_attention=args.rope_in_attention, merge_in_split=args.merge_in_split,
                           share_prompts=False, admission_window_s=window, name="engine-unshared")
         unshared.reserve(max(args.concurrency), hi + new)
+    own_reads = None
+    if args.group > 1 and engine.slots.shared_reads:
+        own_reads = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps,
+                           fuse=args.fuse, attention=args.attention, sampler=args.sampler, pack=args.pack,
+                           rope_in_attention=args.rope_in_attention, merge_in_split=args.merge_in_split,
+                           share_prompts=True, shared_reads=False, admission_window_s=window, name="engine-own-reads")
+        own_reads.reserve(max(args.concurrency), hi + new)
     old = None
     if args.compare:
         old = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=1, fuse=False, attention="sdpa",
@@ -328,6 +345,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row["engine_1step"] = run_engine(old, ps, new, device, args.warm_waves)
         if unshared is not None:
             row["engine_unshared"] = run_engine(unshared, ps, new, device, args.warm_waves)
+        if own_reads is not None:
+            row["engine_own_reads"] = run_engine(own_reads, ps, new, device, args.warm_waves)
         row["engine"] = run_engine(engine, ps, new, device, args.warm_waves)
         if h200:
             row["roofline_tokens_per_s"] = roofline(cfg, ps, new, 2, args.hbm_tbs)
@@ -337,16 +356,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         console.print(f"[dim]{json.dumps(row)}[/dim]")
     sync = weight_sync(engine, model, device)
     engine.close()
-    for other in (old, unshared):
+    for other in (old, unshared, own_reads):
         if other is not None:
             other.close()
-    del old, unshared
+    del old, unshared, own_reads
     parts: dict[Any, Any] | None = None
     if args.parts and device.type == "cuda":
         gc.collect()
         torch.cuda.empty_cache()
         try:
-            parts = {n: step_parts(model, n, -(-(hi + new) // 256) * 256, device) for n in args.concurrency}
+            parts = {n: step_parts(model, n, -(-(hi + new) // 256) * 256, device, group=args.group, new=new)
+                     for n in args.concurrency}
         except Exception as exc:  # noqa: BLE001 - a diagnostic: its failure must not lose the run's numbers
             parts = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         console.print(f"[dim]parts: {json.dumps(parts)}[/dim]")
@@ -375,7 +395,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "shared", "admissions", "captures / compiles", "wall / engine's"):
         phase_table.add_column(col, justify="right")
     for row in rows:
-        for name in ("engine_1step", "engine_unshared", "engine"):
+        for name in ("engine_1step", "engine_unshared", "engine_own_reads", "engine"):
             if name in row:
                 r, ph = row[name], row[name]["phases_s"]
                 phase_table.add_row(str(row["concurrency"]), name, f"{r['seconds']:.3f}",

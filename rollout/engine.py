@@ -18,6 +18,8 @@ join the running batch at the next step. Requests admitted together with the sam
 first turn, a tree's leaves at their branch point) are prefilled once: one of them is computed, the others copy
 its keys and values into their slots (``SlotModel.copy_prefix``) and sample their first token from its logits,
 each with its own uniforms (``share_prompts``, on CUDA by default; ``shared_prefills`` counts the copies).
+With the split-K attention the copies' decode steps also read the prompt from the slot it was copied from, one
+copy for the group (``shared_reads``), until that slot's request ends.
 
 **What a request gets back** (``EngineOutput``): the token ids, each one's
 logprob (``rollout.engine_sampling``: fp32 log-softmax at the request's
@@ -168,6 +170,8 @@ class Engine:
     themselves (``SlotModel``; off by default, opt-in until measured alone on a GPU). ``merge_in_split``: the split
     kernel's last chunk merges a row's chunks, no merge kernel (``SlotModel``; off by default). ``share_prompts``:
     requests admitted together with one prompt are prefilled once (module docstring; None = on CUDA).
+    ``shared_reads``: with the split-K kernels, the copies of a shared prompt read it from the slot it was copied
+    from (``SlotModel``; None = on with those kernels).
     """
 
     def __init__(
@@ -192,6 +196,7 @@ class Engine:
         rope_in_attention: bool = False,
         merge_in_split: bool = False,
         share_prompts: bool | None = None,
+        shared_reads: bool | None = None,
     ) -> None:
         if not supports(model):
             raise EngineRequestError(f"{name}: model_type {getattr(model.config, 'model_type', None)!r} is not supported")
@@ -218,7 +223,7 @@ class Engine:
         self.slots = SlotModel(
             model, slots=min(8, self.max_slots), length=min(512 if cuda else 64, self.max_len), graphs=graphs, fuse=fuse,
             attention=attention, sampler=sampler, pack=pack, rope_in_attention=rope_in_attention,
-            merge_in_split=merge_in_split,
+            merge_in_split=merge_in_split, shared_reads=shared_reads,
         )
         steps = decode_steps if decode_steps is not None else (8 if graphs else 1)
         if not 1 <= steps <= MAX_STEPS:
@@ -726,6 +731,7 @@ class Engine:
             if lv.slot >= 0 and self._running.get(lv.slot) is lv:
                 del self._running[lv.slot]
                 self._free.append(lv.slot)
+                self.slots.vacate(lv.slot)  # copies reading their prompt from this slot read their own now
             self._cond.notify_all()
 
     def _complete(self, lv: _Live) -> None:

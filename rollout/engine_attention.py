@@ -10,7 +10,13 @@ second kernel merges the chunks. A kv head's ``G`` query heads are the rows of o
 queries read each key once). The step's own key and value are written into the cache by the same kernel.
 
 The arithmetic is attention's: scores in fp32, the softmax with a running max, probabilities cast to the
-cache's dtype for the product with the values (as flash attention does), the merge in fp32. Used on CUDA for
+cache's dtype for the product with the values (as flash attention does), the merge in fp32.
+
+Rows that share a prompt (a GRPO group's samples, a tree's leaves: ``Engine``'s shared prefill copies one
+prompt's keys and values into every slot that has it) can read that prefix from one slot (``src_B`` /
+``plen_B``): the group's eight rows then read the same memory, which a decode step's L2 cache holds (at 72 rows
+and prompts of ~1,000 tokens a layer's shared prefixes are a few MiB), instead of eight copies from HBM. Each
+slot keeps its own copy, so a row can go back to reading it at any time (``SlotModel.vacate``). Used on CUDA for
 fp16/bf16 caches when Triton imports (``available``); elsewhere the engine keeps ``scaled_dot_product_attention``.
 Tests run the kernels on CPU through Triton's interpreter (``TRITON_INTERPRET=1`` and ``make_kernels()``).
 """
@@ -33,10 +39,10 @@ def make_kernels() -> tuple[Any, Any]:
 
     @triton.jit
     def split_kernel(
-        Q, K, V, POS, M, L, ACC, KN, VN, COS, SIN, CNT, O,
+        Q, K, V, POS, M, L, ACC, KN, VN, COS, SIN, CNT, SRC, PLEN, O,
         sq_b, sq_h, sq_g, sk_b, sk_h, sk_l, skn_b, skn_h, svn_b, svn_h, sc_b, so_b, so_h, so_g, chunk, window, scale,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, WINDOWED: tl.constexpr,
-        SPLITS: tl.constexpr, STORE: tl.constexpr, ROPE: tl.constexpr, MERGE: tl.constexpr,
+        SPLITS: tl.constexpr, STORE: tl.constexpr, ROPE: tl.constexpr, MERGE: tl.constexpr, PREFIX: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)  # 64-bit offsets: a cache past 2**31 elements stays addressable
         h = tl.program_id(1)
@@ -62,6 +68,9 @@ def make_kernels() -> tuple[Any, Any]:
         l_i = tl.zeros([G_PAD], dtype=tl.float32)
         acc = tl.zeros([G_PAD, D], dtype=tl.float32)
         base = b * sk_b + h * sk_h
+        if PREFIX:  # positions below PLEN[b] are read from slot SRC[b] (the same prompt's keys, shared in L2)
+            plen = tl.load(PLEN + b).to(tl.int32)
+            src_base = tl.load(SRC + b).to(tl.int64) * sk_b + h * sk_h
         if STORE:  # this step's key and value: the chunk holding ``pos`` writes them, and uses them from registers
             kn = tl.load(KN + b * skn_b + h * skn_h + d)
             vn = tl.load(VN + b * svn_b + h * svn_h + d)
@@ -74,7 +83,11 @@ def make_kernels() -> tuple[Any, Any]:
         for start in range(lo, hi, BLOCK):
             n = start + tl.arange(0, BLOCK)
             live = n < hi
-            k = tl.load(K + base + n[:, None] * sk_l + d[None, :], mask=live[:, None], other=0.0)
+            if PREFIX:
+                at = tl.where(n < plen, src_base, base) + n.to(tl.int64) * sk_l
+            else:
+                at = base + n * sk_l
+            k = tl.load(K + at[:, None] + d[None, :], mask=live[:, None], other=0.0)
             if STORE:
                 k = tl.where((n == pos)[:, None], kn[None, :].to(k.dtype), k)
             qk = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
@@ -83,7 +96,7 @@ def make_kernels() -> tuple[Any, Any]:
             p = tl.exp(qk - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + base + n[:, None] * sk_l + d[None, :], mask=live[:, None], other=0.0)
+            v = tl.load(V + at[:, None] + d[None, :], mask=live[:, None], other=0.0)
             if STORE:
                 v = tl.where((n == pos)[:, None], vn[None, :].to(v.dtype), v)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
@@ -174,7 +187,7 @@ def decode_attention(
     scale: float, window: int | None = None, kernels: tuple[Any, Any] | None = None, splits: int | None = None,
     k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None, cos_BD: torch.Tensor | None = None,
     sin_BD: torch.Tensor | None = None, block: int = BLOCK_N, launch: dict[str, int] | None = None,
-    counters: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None, src_B: torch.Tensor | None = None, plen_B: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Row ``b``'s ``G`` query heads per kv head (``q_BHGD``: ``[B, kv_heads, G, D]``) over its cache positions
     ``0..pos_B[b]`` (and past ``pos_B[b] - window`` when ``window``), of cache rows ``0..B-1``
@@ -186,7 +199,10 @@ def decode_attention(
     both, saving the step a kernel a layer. ``block`` (keys per loop iteration) and ``launch`` (Triton's ``num_warps`` /
     ``num_stages`` for the split kernel) are tuning knobs for benches. ``counters`` (int32 zeros, at least
     ``B * kv_heads``, kept between calls: every call leaves them zero again) merges the chunks inside the split
-    kernel: each chunk counts itself done with an atomic and the pair's last one merges them, one launch, not two."""
+    kernel: each chunk counts itself done with an atomic and the pair's last one merges them, one launch, not two.
+    ``src_B`` / ``plen_B`` (integer ``[B]``, both or neither): row ``b`` reads its positions below ``plen_B[b]`` from
+    cache row ``src_B[b]`` (which must hold the same keys and values there) and the rest from its own; the step's
+    key and value are written to its own row."""
     kern = kernels or _kernels()
     if kern is None:
         raise RuntimeError("decode_attention: Triton is not importable here")
@@ -210,6 +226,13 @@ def decode_attention(
     if rope and (cs.shape != (b, d) or sn.shape != (b, d) or cs.stride() != sn.stride() or cs.stride(-1) != 1):
         raise ValueError(f"decode_attention: cos_BD / sin_BD must be [{b}, {d}] with one contiguous layout, "
                          f"got {tuple(cs.shape)} and {tuple(sn.shape)}")
+    prefix = src_B is not None
+    if prefix != (plen_B is not None):
+        raise ValueError("decode_attention: pass src_B and plen_B together")
+    if src_B is not None and plen_B is not None and (src_B.shape != (b,) or plen_B.shape != (b,)
+                                                     or src_B.dtype.is_floating_point or plen_B.dtype.is_floating_point):
+        raise ValueError(f"decode_attention: src_B / plen_B must be integer [{b}], got {src_B.dtype} "
+                         f"{tuple(src_B.shape)} and {plen_B.dtype} {tuple(plen_B.shape)}")
     n_split = splits or splits_for(b, kvh, length, q_BHGD.device)
     per_split = -(-length // n_split)  # positions a chunk covers, rounded up to whole blocks
     chunk = -(-per_split // block) * block
@@ -225,12 +248,13 @@ def decode_attention(
         raise ValueError(f"decode_attention: counters must be a contiguous int32 tensor of at least {b * kvh} "
                          f"zeros on {dev}, got {counters.dtype} x {counters.numel()} on {counters.device}")
     split_kernel[(b, kvh, n_split)](
-        q_BHGD, k_SHLD, v_SHLD, pos_B, m, ls, acc, kn, vn, cs, sn, counters if merge else pos_B, out,
+        q_BHGD, k_SHLD, v_SHLD, pos_B, m, ls, acc, kn, vn, cs, sn, counters if merge else pos_B,
+        src_B if src_B is not None else pos_B, plen_B if plen_B is not None else pos_B, out,
         q_BHGD.stride(0), q_BHGD.stride(1), q_BHGD.stride(2), k_SHLD.stride(0), k_SHLD.stride(1), k_SHLD.stride(2),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), cs.stride(0), out.stride(0), out.stride(1),
         out.stride(2), chunk, int(window or 0), float(scale),
         G=g, G_PAD=g_pad, D=d, BLOCK=block, WINDOWED=bool(window), SPLITS=n_split, STORE=store, ROPE=rope,
-        MERGE=merge, **(launch or {}),
+        MERGE=merge, PREFIX=prefix, **(launch or {}),
     )
     if not merge:
         merge_kernel[(b, kvh)](m, ls, acc, out, out.stride(0), out.stride(1), out.stride(2),
@@ -240,11 +264,11 @@ def decode_attention(
 
 def warm_splits(
     kv_heads: int, groups: int, head_dim: int, dtype: torch.dtype, device: torch.device, scale: float,
-    windows: set[int | None], rope: bool, merge: bool, kernels: tuple[Any, Any] | None = None,
+    windows: set[int | None], rope: bool, merge: bool, kernels: tuple[Any, Any] | None = None, prefix: bool = False,
 ) -> int:
     """Launch the split-K kernels once for every chunk count (1, 2, 4, .., ``MAX_SPLITS``) and window, on a scratch
     cache with the flags the decode step uses (``rope``: the rotary in the kernel; ``merge``: the chunks merged in
-    it). Triton compiles one kernel per chunk count, about a second each; met first inside a wave (a burst admitted
+    it; ``prefix``: shared prefixes read from their source slot). Triton compiles one kernel per chunk count, about a second each; met first inside a wave (a burst admitted
     in two parts meets a batch bucket whose chunk count is new), that compile stalls every request in flight.
     Returns the launches made."""
     length = BLOCK_N * MAX_SPLITS
@@ -257,12 +281,14 @@ def warm_splits(
     sin = torch.zeros((1, head_dim), dtype=dtype, device=device) if rope else None
     counters = torch.zeros(kv_heads, dtype=torch.int32, device=device) if merge else None
     pos = torch.zeros(1, dtype=torch.long, device=device)
+    src = torch.zeros(1, dtype=torch.long, device=device) if prefix else None
+    plen = torch.zeros(1, dtype=torch.long, device=device) if prefix else None
     launches = 0
     for window in sorted(windows, key=lambda w: w or 0):
         splits = 1
         while splits <= MAX_SPLITS:
             decode_attention(q, k, v, pos, length, scale, window, kernels=kernels, splits=splits, k_new=kn, v_new=vn,
-                             cos_BD=cos, sin_BD=sin, counters=counters)
+                             cos_BD=cos, sin_BD=sin, counters=counters, src_B=src, plen_B=plen)
             launches += 1
             splits *= 2
     return launches

@@ -57,6 +57,12 @@ with other changes, in a run 1.85x slower than without them, so it stays
 opt-in until it is timed alone: dev/LOG.md). ``merge_in_split`` (off by
 default) merges a row's chunks inside the split kernel (the last chunk to
 finish, found with an atomic count, merges them): one kernel a layer fewer.
+``shared_reads`` (on with the split-K kernels): a slot whose prompt was copied
+from another (``copy_prefix``, the engine's shared prefill) reads that prefix
+from the slot it was copied from, so a group's rows read one copy (from L2)
+rather than eight (from HBM). Every slot still holds its own copy, so when the
+source slot's request ends (``vacate``, called by the engine) its readers read
+from one of themselves; the SDPA path always reads each slot's own copy.
 
 **Sampling** (``sampler``; ``"triton"`` by default on CUDA): multi-step decode
 samples with ``rollout.engine_sampling.sample_fused`` (two kernels reading the
@@ -157,7 +163,7 @@ class SlotModel:
     def __init__(
         self, model: Any, *, slots: int, length: int, graphs: bool = False, fuse: bool | None = None,
         attention: str | None = None, sampler: str | None = None, pack: bool | None = None,
-        rope_in_attention: bool = False, merge_in_split: bool = False,
+        rope_in_attention: bool = False, merge_in_split: bool = False, shared_reads: bool | None = None,
     ) -> None:
         if not supports(model):
             raise ValueError(f"SlotModel: model_type {getattr(model.config, 'model_type', None)!r} is not one of {SUPPORTED}")
@@ -203,6 +209,10 @@ class SlotModel:
             "triton" if engine_attention.available(self.device, self.dtype, self.head_dim) else "sdpa")
         if self.attention == "triton" and not engine_attention.shape_ok(self.head_dim):
             raise ValueError(f"SlotModel: attention='triton' takes head_dim a power of two in [16, 256], got {self.head_dim}")
+        # the split-K kernels read a copied prefix from the slot it was copied from (``copy_prefix``, ``vacate``)
+        self.shared_reads = self.attention == "triton" and (True if shared_reads is None else bool(shared_reads))
+        self._reads: dict[int, tuple[int, int]] = {}  # slot -> (the slot its prefix is read from, the prefix's length)
+        self._reads_dirty = True  # the device's copy (``_src`` / ``_plen``) is behind ``_reads``
         if sampler not in (None, "torch", "triton"):
             raise ValueError(f"SlotModel: sampler must be 'torch' or 'triton', got {sampler!r}")
         # multi-step decode's sampler: the fused kernels of ``engine_sampling`` by default where they run
@@ -234,7 +244,8 @@ class SlotModel:
         if self.attention == "triton" and self.device.type == "cuda" and not self._warmed_splits:
             # every chunk count compiled now, not inside a wave (engine_attention.warm_splits)
             engine_attention.warm_splits(self.kv_heads, self.groups, self.head_dim, self.dtype, self.device, self.scale,
-                                         set(self.windows), self.fuse and self.rope_in_attention, self.merge_in_split)
+                                         set(self.windows), self.fuse and self.rope_in_attention, self.merge_in_split,
+                                         prefix=self.shared_reads)
             self._warmed_splits = True
         self._tokens = torch.zeros(slots, dtype=torch.long, device=self.device)
         self._pos = torch.zeros(slots, dtype=torch.long, device=self.device)
@@ -243,6 +254,9 @@ class SlotModel:
         self._u = torch.zeros((MAX_STEPS, slots), dtype=torch.float64, device=self.device)
         self._rows = torch.arange(slots, device=self.device)
         self._counts = torch.zeros(slots * self.kv_heads, dtype=torch.int32, device=self.device)  # merge_in_split's
+        self._src = torch.arange(slots, device=self.device)  # shared_reads': where row i's prefix is read from
+        self._plen = torch.zeros(slots, dtype=torch.long, device=self.device)  # and how long that prefix is
+        self._reads_dirty = True
         self._captured.clear()
         self._pool = None  # the old graphs' pool dies with them: capturing into its handle again trips the allocator
         self._check_packed()
@@ -251,6 +265,7 @@ class SlotModel:
         """Free the cache and the captured graphs (``Engine.sleep``); ``ensure`` allocates again."""
         self.k, self.v = [], []
         self.slots = self.length = 0
+        self._reads.clear()
         self._captured.clear()
         self._pool = None
 
@@ -327,14 +342,37 @@ class SlotModel:
         if not 0 < length <= self.length or not 0 <= src < self.slots or any(not 0 <= d < self.slots for d in dsts):
             raise ValueError(f"SlotModel.copy_prefix: slots {src} -> {dsts}, length {length} outside the cache "
                              f"({self.slots} slots x {self.length})")
+        for slot in dsts:  # their old contents go: whoever read from them reads elsewhere now
+            self.vacate(slot)
         dst_N = torch.tensor(dsts, dtype=torch.long, device=self.device)
         for cache in self.k + self.v:
             cache[dst_N, :, :length] = cache[src, :, :length].clone().unsqueeze(0)  # a copy: torch refuses a view
+        if self.shared_reads:  # and each copy's decode steps read the prefix from ``src``, not from the copy
+            self._reads.pop(src, None)  # (``src`` reads its own: a chain could run past its source's prefix)
+            for slot in dsts:
+                self._reads[slot] = (src, length)
+            self._reads_dirty = True
+
+    def vacate(self, slot: int) -> None:
+        """Slot ``slot`` is free (its request ended) or about to be overwritten: it stops reading another slot's
+        prefix, and the slots reading their prefix from it read it from one of themselves instead (every copy holds
+        the prefix: ``copy_prefix``). A free slot's cache is not kept: an idle row of a decode step writes its
+        position 0.. (``decode_sample``), and a new request's prefill writes over it."""
+        changed = self._reads.pop(slot, None) is not None
+        readers = sorted(d for d, (s, _) in self._reads.items() if s == slot)
+        if readers:
+            heir, (_, heir_len) = readers[0], self._reads.pop(readers[0])
+            for d in readers[1:]:
+                self._reads[d] = (heir, min(self._reads[d][1], heir_len))
+            changed = True
+        self._reads_dirty |= changed
 
     @torch.inference_mode()
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """Write ``prompts`` (right-padded into one batch) into ``slots``; the logits after each prompt, ``[n, V]``."""
         self._check_packed()
+        for slot in slots:
+            self.vacate(slot)
         n, t = len(prompts), max(len(p) for p in prompts)
         ids_NT = torch.zeros((n, t), dtype=torch.long)
         for i, p in enumerate(prompts):
@@ -450,6 +488,8 @@ class SlotModel:
                     q.reshape(b, self.kv_heads, self.groups, self.head_dim), self.k[li], self.v[li], pos_B, length,
                     self.scale, self.windows[li], k_new=new_k, v_new=new_v, **rotary,
                     counters=self._counts if self.merge_in_split else None,
+                    src_B=self._src[:b] if self.shared_reads else None,
+                    plen_B=self._plen[:b] if self.shared_reads else None,
                 )
                 return o.reshape(b, 1, self.heads * self.head_dim)
             self.k[li][rows, :, pos_B] = k[:, :, 0]
@@ -489,6 +529,13 @@ class SlotModel:
         at[:n] = torch.tensor(pos, dtype=torch.long)
         self._tokens[:batch].copy_(tok, non_blocking=True)
         self._pos[:batch].copy_(at, non_blocking=True)
+        if self.shared_reads and self._reads_dirty:
+            src, plen = torch.arange(self.slots), torch.zeros(self.slots, dtype=torch.long)
+            for slot, (root, length) in self._reads.items():
+                src[slot], plen[slot] = root, length
+            self._src.copy_(src, non_blocking=True)
+            self._plen.copy_(plen, non_blocking=True)
+            self._reads_dirty = False
 
     def _replay(self, key: tuple[Any, ...], body: Any) -> Any:
         if key not in self._captured:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -139,6 +140,118 @@ def test_the_kernel_applies_the_rotary_embedding_to_q_and_the_new_key(interprete
     with pytest.raises(ValueError, match=r"cos_BD / sin_BD must be \[3, 16\]"):
         engine_attention.decode_attention(q, k, v, pos, 96, 0.25, kernels=interpreted, k_new=k_new, v_new=v_new,
                                           cos_BD=cos[:, :8], sin_BD=sin[:, :8])
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("window", [None, 40])
+def test_rows_read_a_shared_prefix_from_its_source_slot(interpreted: tuple[Any, Any], splits: int,
+                                                         window: int | None) -> None:
+    """Rows 1 and 3 copied row 0's first 150 positions (not a whole block: one block reads both slots): with
+    ``src_B`` / ``plen_B`` they read them from slot 0, so poisoning their own copies changes nothing, and the step's
+    key and value still go to their own slots."""
+    g = torch.Generator().manual_seed(8)
+    slots, heads, groups, dim, length, plen = 5, 2, 7, 16, 256, 150
+    k = torch.randn(slots, heads, length, dim, generator=g)
+    v = torch.randn(slots, heads, length, dim, generator=g)
+    for row in (1, 3):
+        k[row, :, :plen], v[row, :, :plen] = k[0, :, :plen], v[0, :, :plen]
+    q = torch.randn(4, heads, groups, dim, generator=g)
+    k_new = torch.randn(4, heads, dim, generator=g)
+    v_new = torch.randn(4, heads, dim, generator=g)
+    pos = torch.tensor([200, 170, 30, 255])
+    k_want, v_want = k.clone(), v.clone()
+    want = engine_attention.decode_attention(q, k_want, v_want, pos, length, 0.125, window=window, kernels=interpreted,
+                                             splits=splits, k_new=k_new, v_new=v_new)
+    for row in (1, 3):
+        k[row, :, :plen] = float("nan")
+        v[row, :, :plen] = float("nan")
+    src, plens = torch.tensor([0, 0, 2, 0]), torch.tensor([0, plen, 0, plen])
+    got = engine_attention.decode_attention(q, k, v, pos, length, 0.125, window=window, kernels=interpreted,
+                                            splits=splits, k_new=k_new, v_new=v_new, src_B=src, plen_B=plens)
+    assert torch.equal(got, want)
+    for row, p in enumerate(pos.tolist()):  # written into the row's own slot only
+        assert torch.equal(k[row, :, p], k_new[row]) and torch.equal(v[row, :, p], v_new[row])
+    assert torch.equal(k[0], k_want[0]) and torch.equal(v[0], v_want[0])
+    # without them the poisoned copies are read: the test can fail
+    poisoned = engine_attention.decode_attention(q, k, v, pos, length, 0.125, window=window, kernels=interpreted,
+                                                 splits=splits)
+    assert poisoned[[1, 3]].isnan().any() if window is None else poisoned[1].isnan().any()
+    with pytest.raises(ValueError, match="src_B and plen_B together"):
+        engine_attention.decode_attention(q, k, v, pos, length, 0.125, kernels=interpreted, src_B=src)
+    with pytest.raises(ValueError, match=r"src_B / plen_B must be integer \[4\]"):
+        engine_attention.decode_attention(q, k, v, pos, length, 0.125, kernels=interpreted, src_B=src[:3],
+                                          plen_B=plens[:3])
+
+
+def test_copies_read_their_prompt_from_the_source_slot_until_it_is_vacated(interpreted: tuple[Any, Any],
+                                                                            tiny: Any) -> None:
+    """``copy_prefix`` points the copies' reads at the source slot; ``vacate`` (its request ended) hands the source
+    role to the first copy, so a new request's prefill over the old source changes nothing the copies read."""
+    model, tok = tiny_model(seed=0, tokenizer=tiny[1])
+    prompt, other = tok.encode("Count the lines of a.txt, please."), tok.encode("hi there")
+    n = len(prompt)
+    sm = SlotModel(model, slots=4, length=64, attention="triton")
+    assert sm.shared_reads
+    sm.prefill([0], [prompt])
+    want = sm.decode([5, 5, 5], [n, n, n], 3, 64)[0]
+
+    def poison(slot: int) -> None:
+        for cache in sm.k + sm.v:
+            cache[slot, :, :n] = float("nan")
+
+    sm.prefill([0], [prompt])
+    sm.copy_prefix(0, [1, 2], n)
+    assert sm._reads == {1: (0, n), 2: (0, n)}
+    poison(1)
+    poison(2)
+    got = sm.decode([5, 5, 5], [n, n, n], 3, 64)
+    assert (got - want).abs().max().item() < 1e-5  # every row: the copies read slot 0's prompt
+    sm.prefill([0], [prompt])
+    sm.copy_prefix(0, [1, 2], n)
+    sm.vacate(0)
+    assert sm._reads == {2: (1, n)}
+    sm.prefill([0], [other])  # the freed slot gets a new request
+    poison(0)
+    got = sm.decode([5, 5, 5], [n, n, n], 3, 64)
+    assert (got[1:3] - want).abs().max().item() < 1e-5
+    sm.vacate(2)
+    assert sm._reads == {}
+    off = SlotModel(model, slots=4, length=64, attention="triton", shared_reads=False)
+    off.prefill([0], [prompt])
+    off.copy_prefix(0, [1], n)
+    assert not off.shared_reads and off._reads == {}
+
+
+def test_engine_copies_keep_their_prompt_when_its_source_request_ends_first(interpreted: tuple[Any, Any],
+                                                                             tiny: Any) -> None:
+    """A group's first request ends after two tokens, its slot idles through a decode call, then a new request takes
+    it while the copies decode: the copies' tokens and logprobs are those of an engine whose copies read their own
+    slots."""
+    model, tok = tiny_model(seed=0, tokenizer=tiny[1])
+    prompt = tok.encode("Count the lines of a.txt, please.")
+    group = [EngineRequest(prompt_ids=prompt, max_new_tokens=2 if i == 0 else 14, temperature=1.0, seed=i)
+             for i in range(4)]
+    late = EngineRequest(prompt_ids=tok.encode("hi there, list the files"), max_new_tokens=6, temperature=1.0, seed=9)
+    outs = {}
+    for shared in (True, False):
+        engine = Engine(model, tok, admission_window_s=0.05, decode_steps=2, attention="triton", share_prompts=True,
+                        shared_reads=shared)
+        try:
+            futs = [engine.submit(r) for r in group]
+            first = futs[0].result(120)
+            steps = engine.steps  # the freed slot sits idle through a decode call (whose idle rows write it) first
+            deadline = time.monotonic() + 60
+            while engine.steps < steps + 2 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            rest = engine.submit(late)
+            outs[shared] = [first, *(f.result(120) for f in futs[1:]), rest.result(120)]
+            assert engine.shared_prefills == 3 and engine.slots.shared_reads is shared
+        finally:
+            engine.close()
+    assert [len(o.token_ids) for o in outs[True]] == [2, 14, 14, 14, 6]
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
 
 def test_decode_attention_refuses_mismatched_caches(interpreted: tuple[Any, Any]) -> None:

@@ -3,6 +3,8 @@ runs with ``--noconftest`` on a machine that has torch + transformers but none o
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -66,6 +68,38 @@ def test_a_group_with_one_prompt_is_prefilled_once_and_samples_as_if_alone_on_th
     finally:
         shared.close()
         alone.close()
+
+
+def test_copies_reading_their_prompt_from_one_slot_sample_what_they_sample_from_their_own_in_bf16() -> None:
+    """bf16 (the split-K kernels), graphs, multi-step decode: a group's copies read the prompt from the slot it was
+    prefilled in; its first request ends early and a later request takes that slot while the copies decode. Every
+    request gets the tokens and logprobs of an engine whose copies read their own slots."""
+    model, tok = tiny_model(seed=0)
+    model = model.to("cuda", torch.bfloat16).eval()
+    prompt = tok.encode("Count the lines of a.txt, please." + " x" * 60)
+    group = [EngineRequest(prompt_ids=prompt, max_new_tokens=4 if i == 0 else 120, temperature=1.0, seed=50 + i)
+             for i in range(8)]
+    late = EngineRequest(prompt_ids=tok.encode("hi there, list the files" + " y" * 30), max_new_tokens=16,
+                         temperature=1.0, seed=9)
+    outs = {}
+    for shared in (True, False):
+        engine = Engine(model, tok, admission_window_s=0.05, shared_reads=shared)
+        try:
+            assert engine.slots.attention == "triton" and engine.slots.shared_reads is shared
+            futs = [engine.submit(r) for r in group]
+            first = futs[0].result(120)
+            steps = engine.steps
+            while engine.steps < steps + 16 and not futs[1].done():  # the freed slot idles through decode calls
+                time.sleep(0.001)
+            rest = engine.submit(late)
+            outs[shared] = [first, *(f.result(120) for f in futs[1:]), rest.result(120)]
+            assert engine.shared_prefills == 7
+        finally:
+            engine.close()
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
+    assert len({o.token_ids for o in outs[True][1:8]}) > 1
 
 
 def test_split_k_attention_matches_sdpa_in_bf16_on_the_device() -> None:
