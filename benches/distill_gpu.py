@@ -209,8 +209,8 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
         engine.reserve(n, width + args.response_len)
 
         def wave(seed: int) -> list[Any]:  # no stop tokens: every request samples --response-len tokens, as generate does
-            futs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=args.response_len, temperature=1.0,
-                                                seed=seed + i)) for i, p in enumerate(prompts)]
+            futs = engine.submit_many([EngineRequest(prompt_ids=p, max_new_tokens=args.response_len, temperature=1.0,
+                                                     seed=seed + i) for i, p in enumerate(prompts)])  # one burst
             return [f.result() for f in futs]
 
         t0 = watch.now()

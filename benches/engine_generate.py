@@ -12,7 +12,7 @@ Three contenders on the same model and the same random prompts, in one run:
 - ``generate``: plain batched ``model.generate`` (left padding, DynamicCache, sampling at temperature 1,
   EOS off), all turns in one batch, ``--baseline-new`` new tokens (fewer than ``--new`` on the H200, which
   flatters it: its step time grows with the context).
-- ``engine``: ``rollout.engine.Engine``, the turns submitted at once as requests (temperature 1, own seeds,
+- ``engine``: ``rollout.engine.Engine``, the turns submitted at once as requests (``submit_many``; temperature 1, own seeds,
   no stop tokens), ``--new`` new tokens each; prefill included, warm-up (``--warm-waves`` full waves of the same turns,
   2 by default: CUDA graph capture, compiles) excluded; the phase table shows how the timed wave was admitted and
   what it still captured or compiled. ``--decode-steps`` / ``--fuse`` / ``--attention`` / ``--pack`` /
@@ -132,8 +132,8 @@ def run_engine(engine: Engine, ps: list[list[int]], new: int, device: torch.devi
     def wave(seed: int) -> tuple[float, int, int, dict[str, float], int, int]:
         steps0, phases0, prefills0, shared0 = engine.steps, dict(engine.phase_s), engine.prefills, engine.shared_prefills
         t0 = time.perf_counter()
-        futs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=new, temperature=1.0, seed=seed + i))
-                for i, p in enumerate(ps)]
+        futs = engine.submit_many([EngineRequest(prompt_ids=p, max_new_tokens=new, temperature=1.0, seed=seed + i)
+                                   for i, p in enumerate(ps)])  # one burst: admitted together
         outs = [f.result() for f in futs]
         _sync(device)
         phases = {k: v - phases0[k] for k, v in engine.phase_s.items()}

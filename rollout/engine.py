@@ -285,19 +285,31 @@ class Engine:
 
     def submit(self, request: EngineRequest) -> Future[EngineOutput]:
         """Queue ``request``; the future resolves to its ``EngineOutput``. Malformed: ``EngineRequestError`` at once."""
-        self._validate(request)
-        fut: Future[EngineOutput] = Future()
-        if not request.request_id:
-            request = replace(request, request_id=f"req-{next(self._ids)}")
-        u = uniforms(request.seed, request.max_new_tokens).tolist()
-        live = _Live(request, fut, [int(t) for t in request.prompt_ids], u, time.monotonic())
+        return self.submit_many([request])[0]
+
+    def submit_many(self, requests: Sequence[EngineRequest]) -> list[Future[EngineOutput]]:
+        """Queue ``requests`` at once: the engine sees all of them or none (a burst submitted one by one can be
+        split by the admission window, by a pause of the submitting thread longer than the window, and then admitted
+        in two parts). A malformed one raises ``EngineRequestError`` naming its index, and none is queued."""
+        lives: list[_Live] = []
+        for i, request in enumerate(requests):
+            try:
+                self._validate(request)
+            except EngineRequestError as exc:
+                raise EngineRequestError(f"{exc} (request {i} of {len(requests)}; none was queued)"
+                                         if len(requests) > 1 else str(exc)) from exc
+            fut: Future[EngineOutput] = Future()
+            if not request.request_id:
+                request = replace(request, request_id=f"req-{next(self._ids)}")
+            u = uniforms(request.seed, request.max_new_tokens).tolist()
+            lives.append(_Live(request, fut, [int(t) for t in request.prompt_ids], u, time.monotonic()))
         with self._cond:
             if self._closed:
                 raise EngineClosed(f"{self.name}: closed")
-            self._waiting.append(live)
+            self._waiting.extend(lives)
             self._arrived = time.monotonic()
             self._cond.notify_all()
-        return fut
+        return [live.fut for live in lives]
 
     async def generate(self, request: EngineRequest) -> EngineOutput:
         """``submit`` awaited on the caller's event loop (cancelling it frees the request's slot)."""

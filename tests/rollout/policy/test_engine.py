@@ -224,6 +224,22 @@ def test_malformed_requests_are_named(engine: Engine) -> None:
     bare.close()
 
 
+def test_submit_many_queues_a_burst_whole_or_not_at_all(engine: Engine, tiny: Any) -> None:
+    """A burst is admitted together (one admission, one prefill) and samples what each request samples alone; a
+    malformed request in it is named by its index and nothing of the burst is queued."""
+    tok = tiny[1]
+    reqs = [EngineRequest(prompt_ids=p, max_new_tokens=5 + i, temperature=1.0, seed=i)
+            for i, p in enumerate(_prompts(tok, 5))]
+    with pytest.raises(EngineRequestError, match=r"top_p.*\(request 3 of 6; none was queued\)"):
+        engine.submit_many([*reqs[:3], EngineRequest(prompt_ids=[1], top_p=0.0), *reqs[3:]])
+    assert engine.waiting == 0 and engine.running == 0
+    admissions, prefills = len(engine.admissions), engine.prefills
+    burst = [f.result(60) for f in engine.submit_many(reqs)]
+    assert list(engine.admissions)[admissions:] == [5] and engine.prefills == prefills + 1
+    for r, out in zip(reqs, burst, strict=True):
+        assert out.token_ids == engine.generate_sync(r, 60).token_ids and len(out.token_ids) == r.max_new_tokens
+
+
 def test_legacy_path_is_still_there(tiny: Any, recompute: Any) -> None:
     model, tok = tiny_model(seed=0, tokenizer=tiny[1])
     legacy = HFPolicy(model, tok, engine=False)
