@@ -638,15 +638,16 @@ class Engine:
         length = min(-(-(longest + steps - 1) // self.len_step) * self.len_step, self.slots.length)
         tokens, pos = [0] * top, [0] * top
         temp, top_p = [0.0] * top, [1.0] * top
-        u_KN = [[0.0] * top for _ in range(steps)]
+        u_BK = [[0.0] * steps for _ in range(top)]
         for lv in stepping:
             tokens[lv.slot], pos[lv.slot] = lv.feed[0], lv.pos
             temp[lv.slot], top_p[lv.slot] = lv.req.temperature, lv.req.top_p
-            for k in range(min(steps, len(lv.u) - lv.sampled)):
-                u_KN[k][lv.slot] = lv.u[lv.sampled + k]
+            u = lv.u[lv.sampled : lv.sampled + steps]
+            u_BK[lv.slot][: len(u)] = u
+        u_KN = [list(col) for col in zip(*u_BK, strict=True)]
         t1 = time.perf_counter()
         token_KB, logp_KB = self.slots.decode_sample(tokens, pos, batch, length, steps, temp, top_p, u_KN)
-        tokens_KB, logps_KB = token_KB.tolist(), logp_KB.tolist()  # the one host sync of these steps
+        tokens_BK, logps_BK = token_KB.T.tolist(), logp_KB.T.tolist()  # the one host sync of these steps; a row a slot
         t2 = time.perf_counter()
         self.steps += steps
         self.syncs += 1
@@ -656,10 +657,14 @@ class Engine:
                 lv.finish = FinishReason.ABORT
                 self._release(lv)
                 continue
+            row_t, row_l = tokens_BK[lv.slot], logps_BK[lv.slot]
+            if lv.req.budget is None and not lv.req.stop:  # no text to watch: the row's tokens taken in one go
+                self._accept_run(lv, row_t, row_l, version)
+                continue
             for k in range(steps):
                 lv.feed = []
                 lv.pos += 1
-                if self._force_close(lv, version) or not self._accept(lv, tokens_KB[k][lv.slot], logps_KB[k][lv.slot], version):
+                if self._force_close(lv, version) or not self._accept(lv, row_t[k], row_l[k], version):
                     break
         self.phase_s["host"] += (t1 - t0) + (time.perf_counter() - t2)
         self.phase_s["decode"] += t2 - t1
@@ -737,6 +742,31 @@ class Engine:
             return False
         lv.feed = [token]
         return True
+
+    def _accept_run(self, lv: _Live, tokens: list[int], logps: list[float], version: int) -> None:
+        """``_accept`` over a row's tokens of one multi-step call at once, for a request with no stop strings and no
+        thinking budget (nothing to decode into text): the tokens up to the first stop token or ``max_new_tokens``
+        are kept, exactly as the one-at-a-time rules keep them, and the rest dropped."""
+        req = lv.req
+        n = min(len(tokens), req.max_new_tokens - len(lv.out))
+        stop = next((i for i, t in enumerate(tokens[:n]) if t in req.stop_token_ids), None) if req.stop_token_ids else None
+        take = n if stop is None else stop + 1
+        lv.out += tokens[:take]
+        lv.mask += [1] * take
+        lv.logps += logps[:take]
+        lv.versions += [version] * take
+        lv.sampled += take
+        lv.pos += take
+        lv.thinking += take * int(lv.inside)
+        self.tokens_out += take
+        if stop is not None:
+            lv.finish = FinishReason.STOP
+        elif len(lv.out) >= req.max_new_tokens:
+            lv.finish = FinishReason.LENGTH
+        if lv.finish is not None:
+            self._complete(lv)
+            return
+        lv.feed = [tokens[take - 1]]
 
     def _release(self, lv: _Live) -> None:
         with self._cond:
