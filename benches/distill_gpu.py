@@ -245,6 +245,12 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
             one_step.update(own_reads_seconds=seconds_o,
                             own_reads_new_tokens_per_s=sum(len(o.token_ids) for o in outs_o) / seconds_o)
             del outs_o
+    if args.overlap:  # the engine starting each multi-step call before the host took the last one's tokens
+        outs_v, seconds_v, _ = timed_engine("overlap", overlap=True, **options,
+                                            **({"share_prompts": True} if args.group > 1 else {}))
+        one_step.update(overlap_seconds=seconds_v,
+                        overlap_new_tokens_per_s=sum(len(o.token_ids) for o in outs_v) / seconds_v)
+        del outs_v
     if args.engine_1step:  # the engine as it was before multi-step decode, fused kernels, split-K attention
         outs_1, seconds_1, _ = timed_engine("engine_1step", decode_steps=1, fuse=False, attention="sdpa")
         one_step.update(engine_1step_seconds=seconds_1,
@@ -491,6 +497,10 @@ def run(args: argparse.Namespace, clock: Clock = time.perf_counter,
         un = roll["unshared_seconds"]
         shares_1step.update(rollout_share_unshared=un / (total - roll["seconds"] + un),
                             rl_rollout_share_unshared=un / (un + learn["rl"]["step_s"]))
+    if "overlap_seconds" in roll:  # the same iteration with Engine(overlap=True)
+        ov = roll["overlap_seconds"]
+        shares_1step.update(rollout_share_overlap=ov / (total - roll["seconds"] + ov),
+                            rl_rollout_share_overlap=ov / (ov + learn["rl"]["step_s"]))
     if "own_reads_seconds" in roll:  # the same iteration with each copy reading its prompt from its own slot
         ow = roll["own_reads_seconds"]
         shares_1step.update(rollout_share_own_reads=ow / (total - roll["seconds"] + ow),
@@ -584,6 +594,10 @@ def tables(r: dict[str, Any]) -> list[Any]:
     if "rollout_share_unshared" in it:
         t3.add_row(f"rollout share with every prompt computed, no shared prefill ({roll['unshared_new_tokens_per_s']:,.0f} "
                    "tok/s)", "", f"{100 * it['rollout_share_unshared']:.1f}%", f"{100 * it['rl_rollout_share_unshared']:.1f}%")
+    if "rollout_share_overlap" in it:
+        t3.add_row(f"rollout share with each call started before the host took the last (overlap; "
+                   f"{roll['overlap_new_tokens_per_s']:,.0f} tok/s)", "", f"{100 * it['rollout_share_overlap']:.1f}%",
+                   f"{100 * it['rl_rollout_share_overlap']:.1f}%")
     if "rollout_share_own_reads" in it:
         t3.add_row(f"rollout share with each copy reading its prompt from its own slot "
                    f"({roll['own_reads_new_tokens_per_s']:,.0f} tok/s)", "", f"{100 * it['rollout_share_own_reads']:.1f}%",
@@ -633,6 +647,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "times the rollout with the engine's shared prefill off and, on CUDA, with each copy reading "
                         "its prompt from its own slot (shared_reads=False), same run")
     p.add_argument("--warm-waves", type=int, default=2, help="untimed rollout waves before the timed one (default 2)")
+    p.add_argument("--overlap", action="store_true",
+                   help="also time the rollout with Engine(overlap=True) (calls started ahead of the host), same run")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     if args.tiny:

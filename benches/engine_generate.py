@@ -23,6 +23,8 @@ Three contenders on the same model and the same random prompts, in one run:
 - ``engine_own_reads`` (``--group G`` > 1 with the split-K attention): the engine with its shared prefill but each
   copy's decode steps reading the prompt from its own slot (``shared_reads=False``), same run: what reading a
   group's prompt from one slot saves.
+- ``engine_overlap`` (``--overlap``): the same engine starting each multi-step call before the host took the last
+  one's tokens (``Engine(overlap=True)``), same run.
 - ``engine_1step`` (``--compare``): the same engine one decode step per host look, without the fused
   kernels, with SDPA attention and the torch sampler (``decode_steps=1, fuse=False, attention="sdpa",
   sampler="torch"``: the engine as it was before multi-step decoding), same run.
@@ -273,6 +275,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "prefill off (engine_unshared), same run")
     ap.add_argument("--warm-waves", type=int, default=2, help="untimed waves before the timed one (default 2)")
     ap.add_argument("--compare", action="store_true", help="also the engine one step at a time, unfused (engine_1step)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="also the engine with Engine(overlap=True) (engine_overlap), same run")
     ap.add_argument("--parts", action="store_true", help="CUDA: time the pieces of a step (see the module docstring)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
     ap.add_argument("--hbm-tbs", type=float, default=4.8)
@@ -321,6 +325,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            rope_in_attention=args.rope_in_attention, merge_in_split=args.merge_in_split,
                            share_prompts=True, shared_reads=False, admission_window_s=window, name="engine-own-reads")
         own_reads.reserve(max(args.concurrency), hi + new)
+    overlapped = None
+    if args.overlap:
+        overlapped = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps,
+                            fuse=args.fuse, admission_window_s=window, attention=args.attention, sampler=args.sampler,
+                            pack=args.pack, rope_in_attention=args.rope_in_attention,
+                            merge_in_split=args.merge_in_split, share_prompts=True if args.group > 1 else None,
+                            overlap=True, name="engine-overlap")
+        overlapped.reserve(max(args.concurrency), hi + new)
     old = None
     if args.compare:
         old = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=1, fuse=False, attention="sdpa",
@@ -347,6 +359,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row["engine_unshared"] = run_engine(unshared, ps, new, device, args.warm_waves)
         if own_reads is not None:
             row["engine_own_reads"] = run_engine(own_reads, ps, new, device, args.warm_waves)
+        if overlapped is not None:
+            row["engine_overlap"] = run_engine(overlapped, ps, new, device, args.warm_waves)
         row["engine"] = run_engine(engine, ps, new, device, args.warm_waves)
         if h200:
             row["roofline_tokens_per_s"] = roofline(cfg, ps, new, 2, args.hbm_tbs)
@@ -356,10 +370,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         console.print(f"[dim]{json.dumps(row)}[/dim]")
     sync = weight_sync(engine, model, device)
     engine.close()
-    for other in (old, unshared, own_reads):
+    for other in (old, unshared, own_reads, overlapped):
         if other is not None:
             other.close()
-    del old, unshared, own_reads
+    del old, unshared, own_reads, overlapped
     parts: dict[Any, Any] | None = None
     if args.parts and device.type == "cuda":
         gc.collect()
@@ -395,7 +409,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "shared", "admissions", "captures / compiles", "wall / engine's"):
         phase_table.add_column(col, justify="right")
     for row in rows:
-        for name in ("engine_1step", "engine_unshared", "engine_own_reads", "engine"):
+        for name in ("engine_1step", "engine_unshared", "engine_own_reads", "engine_overlap", "engine"):
             if name in row:
                 r, ph = row[name], row[name]["phases_s"]
                 phase_table.add_row(str(row["concurrency"]), name, f"{r['seconds']:.3f}",

@@ -121,6 +121,17 @@ class EngineOutput:
 
 
 @dataclass
+class _Spec:
+    """A multi-step call started before the host took the previous one's tokens (``Engine(overlap=True)``)."""
+
+    tokens: torch.Tensor  # [steps, batch] on the device
+    logps: torch.Tensor
+    steps: int
+    version: int
+    rows: list[tuple[_Live, int, int]]  # each row, the position it must reach and the token it must feed
+
+
+@dataclass
 class _Live:
     """A request in a slot: what it has produced and what it feeds next."""
 
@@ -171,7 +182,10 @@ class Engine:
     kernel's last chunk merges a row's chunks, no merge kernel (``SlotModel``; off by default). ``share_prompts``:
     requests admitted together with one prompt are prefilled once (module docstring; None = on CUDA).
     ``shared_reads``: with the split-K kernels, the copies of a shared prompt read it from the slot it was copied
-    from (``SlotModel``; None = on with those kernels).
+    from (``SlotModel``; None = on with those kernels). ``overlap``: with ``decode_steps`` > 1, the next multi-step
+    call starts on the device, each row feeding its last sampled token, before the host takes the current call's
+    tokens, and is kept for the rows that went on (``_drain``): the host's work hides behind the device's (off by
+    default: not yet measured on a GPU).
     """
 
     def __init__(
@@ -197,6 +211,7 @@ class Engine:
         merge_in_split: bool = False,
         share_prompts: bool | None = None,
         shared_reads: bool | None = None,
+        overlap: bool = False,
     ) -> None:
         if not supports(model):
             raise EngineRequestError(f"{name}: model_type {getattr(model.config, 'model_type', None)!r} is not supported")
@@ -229,6 +244,8 @@ class Engine:
         if not 1 <= steps <= MAX_STEPS:
             raise EngineRequestError(f"{name}: decode_steps must be in [1, {MAX_STEPS}], got {steps}")
         self.decode_steps = int(steps)
+        self.overlap = bool(overlap)
+        self._spec: _Spec | None = None  # the call started ahead of the host (``overlap``)
         self._version = int(version)
         self._cond = threading.Condition()
         self._step = threading.Lock()  # held for every forward; a weight copy takes it between steps
@@ -244,6 +261,7 @@ class Engine:
         self.steps = 0  # decode steps run
         self.syncs = 0  # decode calls the host waited on (one per step, or per ``decode_steps`` steps)
         self.tokens_out = 0
+        self.overlapped = 0  # calls started ahead of the host (``overlap``) whose tokens were kept
         # Wall seconds of the engine thread by phase (benches read them): prefilling newcomers (and sampling their
         # first token), waiting on decode calls (launch to the host's copy of the tokens), and the host's own work
         # around them (building a call's inputs, taking its tokens under the stop rules).
@@ -490,6 +508,7 @@ class Engine:
                 with self._step:
                     self._iteration(admitted)
             except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, never the engine
+                self._spec = None
                 for live in admitted + list(self._running.values()):
                     if live.finish is None:
                         live.finish = FinishReason.STOP
@@ -534,6 +553,7 @@ class Engine:
         return len(self._running) + len(self._free)
 
     def _iteration(self, admitted: list[_Live]) -> None:
+        self._drain()  # a speculative call in flight (``overlap``): its tokens first
         fresh: list[_Live] = []
         for live in admitted:
             if live.req.max_new_tokens == 0:
@@ -652,22 +672,66 @@ class Engine:
         self.steps += steps
         self.syncs += 1
         version = self._version
+        length_next = min(-(-(longest + 2 * steps - 1) // self.len_step) * self.len_step, self.slots.length)
+        if self.overlap and self._may_speculate(longest, length, length_next, steps):
+            # the next ``steps`` steps start on the device now, each row feeding its last sampled token, while the
+            # host takes these; ``_drain`` keeps them for the rows that took all of these and go on
+            u_BK = [[0.0] * steps for _ in range(top)]
+            for lv in stepping:
+                u = lv.u[lv.sampled + steps : lv.sampled + 2 * steps]
+                u_BK[lv.slot][: len(u)] = u
+            nxt = self.slots.decode_sample_next(batch, length_next, steps,
+                                                [list(c) for c in zip(*u_BK, strict=True)], token_KB[-1])
+            self._spec = _Spec(nxt[0], nxt[1], steps, version,
+                               [(lv, lv.pos + steps, tokens_BK[lv.slot][-1]) for lv in stepping])
         for lv in stepping:
-            if lv.fut.cancelled():
-                lv.finish = FinishReason.ABORT
-                self._release(lv)
-                continue
-            row_t, row_l = tokens_BK[lv.slot], logps_BK[lv.slot]
-            if lv.req.budget is None and not lv.req.stop:  # no text to watch: the row's tokens taken in one go
-                self._accept_run(lv, row_t, row_l, version)
-                continue
-            for k in range(steps):
-                lv.feed = []
-                lv.pos += 1
-                if self._force_close(lv, version) or not self._accept(lv, row_t[k], row_l[k], version):
-                    break
+            self._take(lv, tokens_BK[lv.slot], logps_BK[lv.slot], steps, version)
         self.phase_s["host"] += (t1 - t0) + (time.perf_counter() - t2)
         self.phase_s["decode"] += t2 - t1
+
+    def _take(self, lv: _Live, row_t: list[int], row_l: list[float], steps: int, version: int) -> None:
+        """A row's tokens of a multi-step call, taken one at a time under the single-step rules."""
+        if lv.fut.cancelled():
+            lv.finish = FinishReason.ABORT
+            self._release(lv)
+            return
+        if lv.req.budget is None and not lv.req.stop:  # no text to watch: the row's tokens taken in one go
+            self._accept_run(lv, row_t, row_l, version)
+            return
+        for k in range(steps):
+            lv.feed = []
+            lv.pos += 1
+            if self._force_close(lv, version) or not self._accept(lv, row_t[k], row_l[k], version):
+                break
+
+    def _may_speculate(self, longest: int, length: int, length_next: int, steps: int) -> bool:
+        """Whether the next call can start before the host has taken this one's tokens: nothing waits to be
+        admitted, no pause or update is pending, the next ``steps`` positions of every row fit the cache and, with
+        CUDA graphs, the same length bucket (so the same graph replays)."""
+        return (steps > 1 and not self._waiting and not self._draining and self._paused is None and not self._held
+                and longest - 1 + 2 * steps <= length_next and (length_next == length or not self.slots.graphs))
+
+    def _drain(self) -> None:
+        """Take the speculative call's tokens (``overlap``) for every row that took all of the call before it
+        (same position and last token as assumed, still running); the other rows' results are dropped (their
+        cache entries lie past their positions: masked, then overwritten), and they go on from where they are."""
+        spec, self._spec = self._spec, None
+        if spec is None:
+            return
+        valid = [(lv, pos) for lv, pos, last in spec.rows
+                 if lv.finish is None and self._running.get(lv.slot) is lv and lv.pos == pos and lv.feed == [last]]
+        if not valid:
+            return
+        t0 = time.perf_counter()
+        tokens_BK, logps_BK = spec.tokens.T.tolist(), spec.logps.T.tolist()
+        t1 = time.perf_counter()
+        self.steps += spec.steps
+        self.syncs += 1
+        self.overlapped += 1
+        for lv, _ in valid:
+            self._take(lv, tokens_BK[lv.slot], logps_BK[lv.slot], spec.steps, spec.version)
+        self.phase_s["decode"] += t1 - t0
+        self.phase_s["host"] += time.perf_counter() - t1
 
     def _use(self, ready: list[_Live], logits_NV: torch.Tensor) -> None:
         """Sample (or insert the budget's close tag) for every request of ``ready`` (row i of ``logits_NV``)."""

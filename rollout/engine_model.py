@@ -222,6 +222,7 @@ class SlotModel:
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self._captured: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+        self._nucleus = False  # the latest ``decode_sample``'s (``decode_sample_next`` replays its graph)
         self._warmed_splits = False  # the split-K kernels compiled for every chunk count (``ensure``)
         self.captures = 0  # CUDA graphs captured (benches: a capture inside a timed wave is a warm-up it missed)
         self._pool: Any = None
@@ -529,6 +530,9 @@ class SlotModel:
         at[:n] = torch.tensor(pos, dtype=torch.long)
         self._tokens[:batch].copy_(tok, non_blocking=True)
         self._pos[:batch].copy_(at, non_blocking=True)
+        self._upload_reads()
+
+    def _upload_reads(self) -> None:
         if self.shared_reads and self._reads_dirty:
             src, plen = torch.arange(self.slots), torch.zeros(self.slots, dtype=torch.long)
             for slot, (root, length) in self._reads.items():
@@ -591,6 +595,34 @@ class SlotModel:
         self._top_p[:batch].copy_(tp, non_blocking=True)
         self._u[:steps, :batch].copy_(u, non_blocking=True)
         nucleus = bool((tp < 1).any())
+        self._nucleus = nucleus  # for ``decode_sample_next``
+
+        def body() -> tuple[torch.Tensor, torch.Tensor]:
+            return self._sample_body(batch, length, steps, nucleus)
+
+        if not self.graphs:
+            return body()
+        out: tuple[torch.Tensor, torch.Tensor] = self._replay((batch, length, steps, nucleus), body)
+        return out
+
+    @torch.inference_mode()
+    def decode_sample_next(
+        self, batch: int, length: int, steps: int, u_KN: list[list[float]], last_B: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``steps`` steps after a ``decode_sample(.., batch, length, steps, ..)`` call, started without the
+        host: row ``i`` feeds ``last_B[i]`` (that call's last sampled token, on the device) at its position +
+        ``steps``, with the same temperatures and top-p and the new uniforms ``u_KN``. The same graph replays, into
+        the output tensors the previous call returned: take that call's tokens first."""
+        if not 1 <= steps <= MAX_STEPS:
+            raise ValueError(f"SlotModel.decode_sample_next: steps must be in [1, {MAX_STEPS}], got {steps}")
+        self._tokens[:batch].copy_(last_B)
+        self._pos[:batch] += steps
+        n = len(u_KN[0]) if u_KN else 0
+        u = torch.zeros((steps, batch), dtype=torch.float64)
+        u[:, :n] = torch.tensor(u_KN, dtype=torch.float64)
+        self._u[:steps, :batch].copy_(u, non_blocking=True)
+        self._upload_reads()
+        nucleus = self._nucleus
 
         def body() -> tuple[torch.Tensor, torch.Tensor]:
             return self._sample_body(batch, length, steps, nucleus)

@@ -222,11 +222,12 @@ def test_copies_read_their_prompt_from_the_source_slot_until_it_is_vacated(inter
     assert not off.shared_reads and off._reads == {}
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 def test_engine_copies_keep_their_prompt_when_its_source_request_ends_first(interpreted: tuple[Any, Any],
-                                                                             tiny: Any) -> None:
+                                                                             tiny: Any, overlap: bool) -> None:
     """A group's first request ends after two tokens, its slot idles through a decode call, then a new request takes
     it while the copies decode: the copies' tokens and logprobs are those of an engine whose copies read their own
-    slots."""
+    slots (with ``overlap`` too: the source ends while the next call is already under way)."""
     model, tok = tiny_model(seed=0, tokenizer=tiny[1])
     prompt = tok.encode("Count the lines of a.txt, please.")
     group = [EngineRequest(prompt_ids=prompt, max_new_tokens=2 if i == 0 else 14, temperature=1.0, seed=i)
@@ -235,7 +236,7 @@ def test_engine_copies_keep_their_prompt_when_its_source_request_ends_first(inte
     outs = {}
     for shared in (True, False):
         engine = Engine(model, tok, admission_window_s=0.05, decode_steps=2, attention="triton", share_prompts=True,
-                        shared_reads=shared)
+                        shared_reads=shared, overlap=overlap and shared)
         try:
             futs = [engine.submit(r) for r in group]
             first = futs[0].result(120)

@@ -70,10 +70,12 @@ def test_a_group_with_one_prompt_is_prefilled_once_and_samples_as_if_alone_on_th
         alone.close()
 
 
-def test_copies_reading_their_prompt_from_one_slot_sample_what_they_sample_from_their_own_in_bf16() -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_copies_reading_their_prompt_from_one_slot_sample_what_they_sample_from_their_own_in_bf16(overlap: bool) -> None:
     """bf16 (the split-K kernels), graphs, multi-step decode: a group's copies read the prompt from the slot it was
     prefilled in; its first request ends early and a later request takes that slot while the copies decode. Every
-    request gets the tokens and logprobs of an engine whose copies read their own slots."""
+    request gets the tokens and logprobs of an engine whose copies read their own slots (and, with ``overlap``, of
+    one that does not start a call before the host took the last)."""
     model, tok = tiny_model(seed=0)
     model = model.to("cuda", torch.bfloat16).eval()
     prompt = tok.encode("Count the lines of a.txt, please." + " x" * 60)
@@ -83,7 +85,7 @@ def test_copies_reading_their_prompt_from_one_slot_sample_what_they_sample_from_
                          temperature=1.0, seed=9)
     outs = {}
     for shared in (True, False):
-        engine = Engine(model, tok, admission_window_s=0.05, shared_reads=shared)
+        engine = Engine(model, tok, admission_window_s=0.05, shared_reads=shared, overlap=overlap and shared)
         try:
             assert engine.slots.attention == "triton" and engine.slots.shared_reads is shared
             futs = [engine.submit(r) for r in group]
@@ -94,6 +96,7 @@ def test_copies_reading_their_prompt_from_one_slot_sample_what_they_sample_from_
             rest = engine.submit(late)
             outs[shared] = [first, *(f.result(120) for f in futs[1:]), rest.result(120)]
             assert engine.shared_prefills == 7
+            assert not (overlap and shared) or engine.overlapped > 0  # calls started ahead of the host were kept
         finally:
             engine.close()
     for a, b in zip(outs[True], outs[False], strict=True):

@@ -29,6 +29,8 @@ def engines(tiny: Any) -> Iterator[dict[str, Engine]]:
         "one": Engine(model, tok, admission_window_s=0.05),
         "multi": Engine(model, tok, admission_window_s=0.05, decode_steps=8),
         "multi_fused": Engine(model, tok, admission_window_s=0.05, decode_steps=4, fuse=True),
+        # the next call started before the host takes this one's tokens (overlap)
+        "multi_overlap": Engine(model, tok, admission_window_s=0.05, decode_steps=4, overlap=True),
         # packed q/k/v and gate/up GEMMs (the CUDA default) on a model of its own: packing rebinds its weights
         "multi_packed": Engine(tiny_model(seed=0, tokenizer=tiny[1])[0], tok, admission_window_s=0.05, decode_steps=4,
                                fuse=True, pack=True),
@@ -60,7 +62,7 @@ def test_multi_step_samples_what_one_step_samples(engines: dict[str, Engine], ti
     reqs = [EngineRequest(prompt_ids=p, max_new_tokens=13 + 3 * i, temperature=temperature, top_p=top_p, seed=40 + i)
             for i, p in enumerate(_prompts(tiny[1], 6))]
     want = _run(engines["one"], reqs)
-    for name in ("multi", "multi_fused", "multi_packed"):
+    for name in ("multi", "multi_fused", "multi_packed", "multi_overlap"):
         got = _run(engines[name], reqs)
         for a, b, r in zip(want, got, reqs, strict=True):
             assert _same_up_to_a_tie(a, b) and len(b.token_ids) == r.max_new_tokens, name
@@ -68,6 +70,7 @@ def test_multi_step_samples_what_one_step_samples(engines: dict[str, Engine], ti
             expected = recompute(engines[name].model, list(r.prompt_ids), b.token_ids, temperature)
             assert max(abs(x - y) for x, y in zip(b.logprobs, expected, strict=True)) < 1e-5, name
     assert engines["multi"].syncs < engines["one"].syncs / 3  # it did run several steps per host look
+    assert engines["multi_overlap"].overlapped > 0  # and calls started ahead of the host were kept
 
 
 def test_stops_land_mid_chunk(engines: dict[str, Engine], tiny: Any) -> None:
@@ -83,7 +86,7 @@ def test_stops_land_mid_chunk(engines: dict[str, Engine], tiny: Any) -> None:
         EngineRequest(prompt_ids=p, max_new_tokens=30, seed=5, stop_token_ids=frozenset({eot_like})),
         EngineRequest(prompt_ids=p, max_new_tokens=11, seed=5),  # max tokens mid-chunk
     ]
-    for name in ("one", "multi", "multi_fused", "multi_packed"):
+    for name in ("one", "multi", "multi_fused", "multi_packed", "multi_overlap"):
         outs = _run(engines[name], cases)
         assert outs[0].finish_reason is FinishReason.STOP and outs[0].token_ids == free.token_ids[:13], name
         assert outs[1].finish_reason is FinishReason.STOP and outs[1].token_ids == free.token_ids[: first + 1], name
@@ -98,7 +101,7 @@ def test_thinking_budget_closes_at_the_same_token(engines: dict[str, Engine], ti
     reqs = [EngineRequest(prompt_ids=ids, max_new_tokens=n, seed=2, budget=ThinkingBudget(budget)) for n in (budget + 1, 24)]
     want = _run(engines["one"], reqs)
     assert want[1].budget_closed and want[1].thinking_tokens == budget
-    for name in ("multi", "multi_fused", "multi_packed"):
+    for name in ("multi", "multi_fused", "multi_packed", "multi_overlap"):
         got = _run(engines[name], reqs)
         for a, b in zip(want, got, strict=True):
             assert (b.token_ids, b.sampled_mask, b.finish_reason, b.thinking_tokens) == (
@@ -106,8 +109,10 @@ def test_thinking_budget_closes_at_the_same_token(engines: dict[str, Engine], ti
             assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
 
 
-def test_a_request_joining_a_running_batch_samples_what_it_samples_alone(engines: dict[str, Engine], tiny: Any) -> None:
-    engine = engines["multi"]
+@pytest.mark.parametrize("name", ["multi", "multi_overlap"])
+def test_a_request_joining_a_running_batch_samples_what_it_samples_alone(engines: dict[str, Engine], tiny: Any,
+                                                                         name: str) -> None:
+    engine = engines[name]
     ps = _prompts(tiny[1], 4)
     long_runs = [engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=60, seed=i)) for i, p in enumerate(ps[:3])]
     while engine.tokens_out < 20:
@@ -116,6 +121,9 @@ def test_a_request_joining_a_running_batch_samples_what_it_samples_alone(engines
     [f.result(60) for f in long_runs]
     alone = engines["one"].generate_sync(EngineRequest(prompt_ids=ps[3], max_new_tokens=17, temperature=0.7, seed=9))
     assert late.token_ids == alone.token_ids
+    assert [f.result(60).token_ids for f in long_runs] == [
+        engines["one"].generate_sync(EngineRequest(prompt_ids=p, max_new_tokens=60, seed=i)).token_ids
+        for i, p in enumerate(ps[:3])]
 
 
 def test_packed_projections_are_views_that_follow_every_weight_update(tiny: Any, tmp_path: Any) -> None:
@@ -205,9 +213,10 @@ def test_fused_step_and_static_sampler_match_the_modules_and_sample_rows(tiny: A
     assert torch.equal(want[0][plain_rows], got_plain[0][plain_rows])
 
 
-def test_keep_update_and_abort_between_host_looks(tiny: Any, recompute: Any) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_keep_update_and_abort_between_host_looks(tiny: Any, recompute: Any, overlap: bool) -> None:
     model, tok = tiny_model(seed=0, tokenizer=tiny[1])
-    engine = Engine(model, tok, decode_steps=8)
+    engine = Engine(model, tok, decode_steps=8, overlap=overlap)
     try:
         p = _prompts(tok, 1)[0]
         fut = engine.submit(EngineRequest(prompt_ids=p, max_new_tokens=400, seed=3))
