@@ -268,9 +268,9 @@ def warm_splits(
 ) -> int:
     """Launch the split-K kernels once for every chunk count (1, 2, 4, .., ``MAX_SPLITS``) and window, on a scratch
     cache with the flags the decode step uses (``rope``: the rotary in the kernel; ``merge``: the chunks merged in
-    it; ``prefix``: shared prefixes read from their source slot). Triton compiles one kernel per chunk count, about a second each; met first inside a wave (a burst admitted
-    in two parts meets a batch bucket whose chunk count is new), that compile stalls every request in flight.
-    Returns the launches made."""
+    it; ``prefix``: shared prefixes read from their source slot). Triton compiles one kernel per chunk count, about
+    a second each; met first inside a wave (a burst admitted in two parts meets a batch bucket whose chunk count is
+    new), that compile stalls every request in flight. Returns the launches made."""
     length = BLOCK_N * MAX_SPLITS
     k = torch.zeros((1, kv_heads, length, head_dim), dtype=dtype, device=device)
     v = torch.zeros_like(k)

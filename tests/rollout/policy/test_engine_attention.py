@@ -72,17 +72,20 @@ class _Recorded:
 
 
 @pytest.mark.parametrize("rope, merge", [(False, False), (True, True)])
-def test_warm_splits_launches_every_chunk_count_with_the_steps_flags(rope: bool, merge: bool) -> None:
+@pytest.mark.parametrize("prefix", [False, True])
+def test_warm_splits_launches_every_chunk_count_with_the_steps_flags(rope: bool, merge: bool, prefix: bool) -> None:
     """A chunk count first met inside a wave would be a Triton compile there: every one is launched up front, for
     every window, with the flags of the decode step (the merge kernel too when the split kernel does not merge)."""
     from rollout.engine_attention import MAX_SPLITS, warm_splits
 
     split, merge_k = _Recorded(), _Recorded()
-    n = warm_splits(2, 7, 64, torch.float32, torch.device("cpu"), 0.125, {None, 4}, rope, merge, kernels=(split, merge_k))
+    n = warm_splits(2, 7, 64, torch.float32, torch.device("cpu"), 0.125, {None, 4}, rope, merge, kernels=(split, merge_k),
+                    prefix=prefix)
     counts = [1 << i for i in range(MAX_SPLITS.bit_length())]
     assert counts[-1] == MAX_SPLITS and n == 2 * len(counts) == len(split.launches)
     seen = {(c["WINDOWED"], c["SPLITS"]) for _, c in split.launches}
     assert seen == {(w, s) for w in (False, True) for s in counts}
-    assert all(c["ROPE"] is rope and c["MERGE"] is merge and c["STORE"] and c["G"] == 7 for _, c in split.launches)
+    assert all(c["ROPE"] is rope and c["MERGE"] is merge and c["PREFIX"] is prefix and c["STORE"] and c["G"] == 7
+               for _, c in split.launches)
     assert all(grid == (1, 2, c["SPLITS"]) for grid, c in split.launches)
     assert len(merge_k.launches) == (0 if merge else n)
