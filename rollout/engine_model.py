@@ -594,16 +594,8 @@ class SlotModel:
         self._temp[:batch].copy_(temp, non_blocking=True)
         self._top_p[:batch].copy_(tp, non_blocking=True)
         self._u[:steps, :batch].copy_(u, non_blocking=True)
-        nucleus = bool((tp < 1).any())
-        self._nucleus = nucleus  # for ``decode_sample_next``
-
-        def body() -> tuple[torch.Tensor, torch.Tensor]:
-            return self._sample_body(batch, length, steps, nucleus)
-
-        if not self.graphs:
-            return body()
-        out: tuple[torch.Tensor, torch.Tensor] = self._replay((batch, length, steps, nucleus), body)
-        return out
+        self._nucleus = bool((tp < 1).any())  # for ``decode_sample_next`` too
+        return self._sample_call(batch, length, steps)
 
     @torch.inference_mode()
     def decode_sample_next(
@@ -622,6 +614,10 @@ class SlotModel:
         u[:, :n] = torch.tensor(u_KN, dtype=torch.float64)
         self._u[:steps, :batch].copy_(u, non_blocking=True)
         self._upload_reads()
+        return self._sample_call(batch, length, steps)
+
+    def _sample_call(self, batch: int, length: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_sample_body`` over the loaded inputs: eagerly, or as the CUDA graph of its shapes."""
         nucleus = self._nucleus
 
         def body() -> tuple[torch.Tensor, torch.Tensor]:
