@@ -673,7 +673,7 @@ class Engine:
         self.syncs += 1
         version = self._version
         length_next = min(-(-(longest + 2 * steps - 1) // self.len_step) * self.len_step, self.slots.length)
-        if self.overlap and self._may_speculate(longest, length, length_next, steps):
+        if self.overlap and self._may_speculate(stepping, longest, length, length_next, steps):
             # the next ``steps`` steps start on the device now, each row feeding its last sampled token, while the
             # host takes these; ``_drain`` keeps them for the rows that took all of these and go on
             u_BK = [[0.0] * steps for _ in range(top)]
@@ -704,12 +704,13 @@ class Engine:
             if self._force_close(lv, version) or not self._accept(lv, row_t[k], row_l[k], version):
                 break
 
-    def _may_speculate(self, longest: int, length: int, length_next: int, steps: int) -> bool:
-        """Whether the next call can start before the host has taken this one's tokens: nothing waits to be
-        admitted, no pause or update is pending, the next ``steps`` positions of every row fit the cache and, with
-        CUDA graphs, the same length bucket (so the same graph replays)."""
+    def _may_speculate(self, stepping: list[_Live], longest: int, length: int, length_next: int, steps: int) -> bool:
+        """Whether the next call can start before the host has taken this one's tokens: some row has tokens left
+        after this call, nothing waits to be admitted, no pause or update is pending, the next ``steps`` positions
+        of every row fit the cache and, with CUDA graphs, the same length bucket (so the same graph replays)."""
         return (steps > 1 and not self._waiting and not self._draining and self._paused is None and not self._held
-                and longest - 1 + 2 * steps <= length_next and (length_next == length or not self.slots.graphs))
+                and longest - 1 + 2 * steps <= length_next and (length_next == length or not self.slots.graphs)
+                and any(len(lv.out) + steps < lv.req.max_new_tokens for lv in stepping))
 
     def _drain(self) -> None:
         """Take the speculative call's tokens (``overlap``) for every row that took all of the call before it

@@ -71,6 +71,9 @@ def test_multi_step_samples_what_one_step_samples(engines: dict[str, Engine], ti
             assert max(abs(x - y) for x, y in zip(b.logprobs, expected, strict=True)) < 1e-5, name
     assert engines["multi"].syncs < engines["one"].syncs / 3  # it did run several steps per host look
     assert engines["multi_overlap"].overlapped > 0  # and calls started ahead of the host were kept
+    # a turn of 1 + 4 tokens (the prefill's, then one call): no call is started past its last token
+    last = engines["multi_overlap"].generate_sync(EngineRequest(prompt_ids=reqs[0].prompt_ids, max_new_tokens=5, seed=1))
+    assert len(last.token_ids) == 5 and engines["multi_overlap"]._spec is None
 
 
 def test_stops_land_mid_chunk(engines: dict[str, Engine], tiny: Any) -> None:
