@@ -493,18 +493,13 @@ def run(args: argparse.Namespace, clock: Clock = time.perf_counter,
                         "rl_rollout_share_1step": one / (one + learn["rl"]["step_s"])}
     else:
         shares_1step = {}
-    if "unshared_seconds" in roll:  # the same iteration with every prompt computed
-        un = roll["unshared_seconds"]
-        shares_1step.update(rollout_share_unshared=un / (total - roll["seconds"] + un),
-                            rl_rollout_share_unshared=un / (un + learn["rl"]["step_s"]))
-    if "overlap_seconds" in roll:  # the same iteration with Engine(overlap=True)
-        ov = roll["overlap_seconds"]
-        shares_1step.update(rollout_share_overlap=ov / (total - roll["seconds"] + ov),
-                            rl_rollout_share_overlap=ov / (ov + learn["rl"]["step_s"]))
-    if "own_reads_seconds" in roll:  # the same iteration with each copy reading its prompt from its own slot
-        ow = roll["own_reads_seconds"]
-        shares_1step.update(rollout_share_own_reads=ow / (total - roll["seconds"] + ow),
-                            rl_rollout_share_own_reads=ow / (ow + learn["rl"]["step_s"]))
+    # the same iteration with another engine's rollout: every prompt computed, Engine(overlap=True), each copy
+    # reading its prompt from its own slot
+    for tag in ("unshared", "overlap", "own_reads"):
+        if f"{tag}_seconds" in roll:
+            other = roll[f"{tag}_seconds"]
+            shares_1step.update({f"rollout_share_{tag}": other / (total - roll["seconds"] + other),
+                                 f"rl_rollout_share_{tag}": other / (other + learn["rl"]["step_s"])})
     iteration = {"phases_s": phases, "total_s": total, "share": {k: v / total for k, v in phases.items()}, **shares_1step,
                  "rollout_share_with_generate": roll["generate_seconds"] / before,
                  "rl_rollout_share": roll["seconds"] / rl_total, "rl_rollout_share_with_generate": roll["generate_seconds"] / rl_before,
@@ -591,17 +586,12 @@ def tables(r: dict[str, Any]) -> list[Any]:
     if "rollout_share_1step" in it:
         t3.add_row(f"rollout share with the engine one step a look, unfused, SDPA ({roll['engine_1step_new_tokens_per_s']:,.0f} "
                    "tok/s)", "", f"{100 * it['rollout_share_1step']:.1f}%", f"{100 * it['rl_rollout_share_1step']:.1f}%")
-    if "rollout_share_unshared" in it:
-        t3.add_row(f"rollout share with every prompt computed, no shared prefill ({roll['unshared_new_tokens_per_s']:,.0f} "
-                   "tok/s)", "", f"{100 * it['rollout_share_unshared']:.1f}%", f"{100 * it['rl_rollout_share_unshared']:.1f}%")
-    if "rollout_share_overlap" in it:
-        t3.add_row(f"rollout share with each call started before the host took the last (overlap; "
-                   f"{roll['overlap_new_tokens_per_s']:,.0f} tok/s)", "", f"{100 * it['rollout_share_overlap']:.1f}%",
-                   f"{100 * it['rl_rollout_share_overlap']:.1f}%")
-    if "rollout_share_own_reads" in it:
-        t3.add_row(f"rollout share with each copy reading its prompt from its own slot "
-                   f"({roll['own_reads_new_tokens_per_s']:,.0f} tok/s)", "", f"{100 * it['rollout_share_own_reads']:.1f}%",
-                   f"{100 * it['rl_rollout_share_own_reads']:.1f}%")
+    for tag, what in (("unshared", "every prompt computed, no shared prefill"),
+                      ("overlap", "each call started before the host took the last (overlap)"),
+                      ("own_reads", "each copy reading its prompt from its own slot")):
+        if f"rollout_share_{tag}" in it:
+            t3.add_row(f"rollout share with {what} ({roll[f'{tag}_new_tokens_per_s']:,.0f} tok/s)", "",
+                       f"{100 * it[f'rollout_share_{tag}']:.1f}%", f"{100 * it[f'rl_rollout_share_{tag}']:.1f}%")
     t3.add_row(f"rollout share with {roll['baseline']} ({roll['generate_new_tokens_per_s']:,.0f} tok/s)", "",
                f"{100 * it['rollout_share_with_generate']:.1f}%", f"{100 * it['rl_rollout_share_with_generate']:.1f}%")
     t3.caption = (f"MOPD / RL iteration {it['vs_rl_iteration']:.2f}x; engine rollout {roll['engine_vs_generate']:.2f}x "

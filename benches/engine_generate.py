@@ -305,34 +305,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(f"--group must be >= 1, got {args.group}")
     # --group on CPU: a 50 ms admission window for both engines (CPU has none), so a wave's turns are admitted together
     window = 0.05 if args.group > 1 and device.type == "cpu" else None
-    engine = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps, fuse=args.fuse,
-                    admission_window_s=window,
-                    attention=args.attention, sampler=args.sampler, pack=args.pack,
-                    rope_in_attention=args.rope_in_attention, merge_in_split=args.merge_in_split,
-                    share_prompts=True if args.group > 1 else None)  # on CPU too when the turns share prompts
-    engine.reserve(max(args.concurrency), hi + new)
-    unshared = None
-    if args.group > 1:
-        unshared = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps,
-                          fuse=args.fuse, attention=args.attention, sampler=args.sampler, pack=args.pack,
-                          rope_in_attention=args.rope_in_attention, merge_in_split=args.merge_in_split,
-                          share_prompts=False, admission_window_s=window, name="engine-unshared")
-        unshared.reserve(max(args.concurrency), hi + new)
-    own_reads = None
-    if args.group > 1 and engine.slots.shared_reads:
-        own_reads = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps,
-                           fuse=args.fuse, attention=args.attention, sampler=args.sampler, pack=args.pack,
-                           rope_in_attention=args.rope_in_attention, merge_in_split=args.merge_in_split,
-                           share_prompts=True, shared_reads=False, admission_window_s=window, name="engine-own-reads")
-        own_reads.reserve(max(args.concurrency), hi + new)
-    overlapped = None
-    if args.overlap:
-        overlapped = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=args.decode_steps,
-                            fuse=args.fuse, admission_window_s=window, attention=args.attention, sampler=args.sampler,
-                            pack=args.pack, rope_in_attention=args.rope_in_attention,
-                            merge_in_split=args.merge_in_split, share_prompts=True if args.group > 1 else None,
-                            overlap=True, name="engine-overlap")
-        overlapped.reserve(max(args.concurrency), hi + new)
+
+    def contender(**options: Any) -> Engine:
+        """The engine with the command line's options (and ``options`` over them), its cache reserved."""
+        made = Engine(model, **{"max_slots": max(args.concurrency), "max_len": hi + new, "decode_steps": args.decode_steps,
+                                "fuse": args.fuse, "admission_window_s": window, "attention": args.attention,
+                                "sampler": args.sampler, "pack": args.pack, "rope_in_attention": args.rope_in_attention,
+                                "merge_in_split": args.merge_in_split,
+                                # on CPU too when the turns share prompts
+                                "share_prompts": True if args.group > 1 else None, **options})
+        made.reserve(max(args.concurrency), hi + new)
+        return made
+
+    engine = contender()
+    unshared = contender(share_prompts=False, name="engine-unshared") if args.group > 1 else None
+    own_reads = (contender(shared_reads=False, name="engine-own-reads")
+                 if args.group > 1 and engine.slots.shared_reads else None)
+    overlapped = contender(overlap=True, name="engine-overlap") if args.overlap else None
     old = None
     if args.compare:
         old = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=1, fuse=False, attention="sdpa",

@@ -220,7 +220,8 @@ def packed_config(args: argparse.Namespace, bf16: bool) -> TrainerConfig:
 
 
 def compile_stats() -> dict[str, int]:
-    """``torch.compile``'s counters so far: distinct graphs and graph breaks (shared with ``benches.distill_gpu`` and ``benches.engine_generate``)."""
+    """``torch.compile``'s counters so far: distinct graphs and graph breaks (shared with ``benches.distill_gpu``
+    and ``benches.engine_generate``)."""
     from torch._dynamo.utils import counters
 
     return {"unique_graphs": int(counters["stats"]["unique_graphs"]),

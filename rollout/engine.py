@@ -658,13 +658,10 @@ class Engine:
         length = min(-(-(longest + steps - 1) // self.len_step) * self.len_step, self.slots.length)
         tokens, pos = [0] * top, [0] * top
         temp, top_p = [0.0] * top, [1.0] * top
-        u_BK = [[0.0] * steps for _ in range(top)]
         for lv in stepping:
             tokens[lv.slot], pos[lv.slot] = lv.feed[0], lv.pos
             temp[lv.slot], top_p[lv.slot] = lv.req.temperature, lv.req.top_p
-            u = lv.u[lv.sampled : lv.sampled + steps]
-            u_BK[lv.slot][: len(u)] = u
-        u_KN = [list(col) for col in zip(*u_BK, strict=True)]
+        u_KN = self._uniforms(stepping, top, steps, 0)
         t1 = time.perf_counter()
         token_KB, logp_KB = self.slots.decode_sample(tokens, pos, batch, length, steps, temp, top_p, u_KN)
         tokens_BK, logps_BK = token_KB.T.tolist(), logp_KB.T.tolist()  # the one host sync of these steps; a row a slot
@@ -676,18 +673,24 @@ class Engine:
         if self.overlap and self._may_speculate(stepping, longest, length, length_next, steps):
             # the next ``steps`` steps start on the device now, each row feeding its last sampled token, while the
             # host takes these; ``_drain`` keeps them for the rows that took all of these and go on
-            u_BK = [[0.0] * steps for _ in range(top)]
-            for lv in stepping:
-                u = lv.u[lv.sampled + steps : lv.sampled + 2 * steps]
-                u_BK[lv.slot][: len(u)] = u
-            nxt = self.slots.decode_sample_next(batch, length_next, steps,
-                                                [list(c) for c in zip(*u_BK, strict=True)], token_KB[-1])
+            nxt = self.slots.decode_sample_next(batch, length_next, steps, self._uniforms(stepping, top, steps, steps),
+                                                token_KB[-1])
             self._spec = _Spec(nxt[0], nxt[1], steps, version,
                                [(lv, lv.pos + steps, tokens_BK[lv.slot][-1]) for lv in stepping])
         for lv in stepping:
             self._take(lv, tokens_BK[lv.slot], logps_BK[lv.slot], steps, version)
         self.phase_s["host"] += (t1 - t0) + (time.perf_counter() - t2)
         self.phase_s["decode"] += t2 - t1
+
+    @staticmethod
+    def _uniforms(stepping: list[_Live], top: int, steps: int, skip: int) -> list[list[float]]:
+        """``u_KN`` of a multi-step call: row ``slot``'s uniforms for its next ``steps`` samples after ``skip`` more
+        (0 past its last, an idle row all 0)."""
+        u_BK = [[0.0] * steps for _ in range(top)]
+        for lv in stepping:
+            u = lv.u[lv.sampled + skip : lv.sampled + skip + steps]
+            u_BK[lv.slot][: len(u)] = u
+        return [list(col) for col in zip(*u_BK, strict=True)]
 
     def _take(self, lv: _Live, row_t: list[int], row_l: list[float], steps: int, version: int) -> None:
         """A row's tokens of a multi-step call, taken one at a time under the single-step rules."""
@@ -719,7 +722,7 @@ class Engine:
         spec, self._spec = self._spec, None
         if spec is None:
             return
-        valid = [(lv, pos) for lv, pos, last in spec.rows
+        valid = [lv for lv, pos, last in spec.rows
                  if lv.finish is None and self._running.get(lv.slot) is lv and lv.pos == pos and lv.feed == [last]]
         if not valid:
             return
@@ -729,7 +732,7 @@ class Engine:
         self.steps += spec.steps
         self.syncs += 1
         self.overlapped += 1
-        for lv, _ in valid:
+        for lv in valid:
             self._take(lv, tokens_BK[lv.slot], logps_BK[lv.slot], spec.steps, spec.version)
         self.phase_s["decode"] += t1 - t0
         self.phase_s["host"] += time.perf_counter() - t1

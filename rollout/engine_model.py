@@ -587,13 +587,11 @@ class SlotModel:
         n = len(tokens)
         temp = torch.zeros(batch, dtype=torch.float32)
         tp = torch.ones(batch, dtype=torch.float32)
-        u = torch.zeros((steps, batch), dtype=torch.float64)
         temp[:n] = torch.tensor(temperature, dtype=torch.float32)
         tp[:n] = torch.tensor(top_p, dtype=torch.float32)
-        u[:, :n] = torch.tensor(u_KN, dtype=torch.float64)
         self._temp[:batch].copy_(temp, non_blocking=True)
         self._top_p[:batch].copy_(tp, non_blocking=True)
-        self._u[:steps, :batch].copy_(u, non_blocking=True)
+        self._load_uniforms(u_KN, steps, batch)
         self._nucleus = bool((tp < 1).any())  # for ``decode_sample_next`` too
         return self._sample_call(batch, length, steps)
 
@@ -609,12 +607,16 @@ class SlotModel:
             raise ValueError(f"SlotModel.decode_sample_next: steps must be in [1, {MAX_STEPS}], got {steps}")
         self._tokens[:batch].copy_(last_B)
         self._pos[:batch] += steps
-        n = len(u_KN[0]) if u_KN else 0
-        u = torch.zeros((steps, batch), dtype=torch.float64)
-        u[:, :n] = torch.tensor(u_KN, dtype=torch.float64)
-        self._u[:steps, :batch].copy_(u, non_blocking=True)
+        self._load_uniforms(u_KN, steps, batch)
         self._upload_reads()
         return self._sample_call(batch, length, steps)
+
+    def _load_uniforms(self, u_KN: list[list[float]], steps: int, batch: int) -> None:
+        """``u_KN`` (``steps`` lists of one uniform a row; rows past them idle, 0) into the graphs' input."""
+        u = torch.zeros((steps, batch), dtype=torch.float64)
+        n = len(u_KN[0]) if u_KN else 0
+        u[:, :n] = torch.tensor(u_KN, dtype=torch.float64)
+        self._u[:steps, :batch].copy_(u, non_blocking=True)
 
     def _sample_call(self, batch: int, length: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``_sample_body`` over the loaded inputs: eagerly, or as the CUDA graph of its shapes."""
