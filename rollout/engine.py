@@ -129,6 +129,8 @@ class _Spec:
     steps: int
     version: int
     rows: list[tuple[_Live, int, int]]  # each row, the position it must reach and the token it must feed
+    batch: int
+    length: int
 
 
 @dataclass
@@ -553,7 +555,9 @@ class Engine:
         return len(self._running) + len(self._free)
 
     def _iteration(self, admitted: list[_Live]) -> None:
-        self._drain()  # a speculative call in flight (``overlap``): its tokens first
+        self._drain(chain=not admitted)  # a speculative call in flight (``overlap``): its tokens first
+        if self._spec is not None:  # the drain started the call after it: nothing else steps until it is taken
+            return
         fresh: list[_Live] = []
         for live in admitted:
             if live.req.max_new_tokens == 0:
@@ -676,7 +680,7 @@ class Engine:
             nxt = self.slots.decode_sample_next(batch, length_next, steps, self._uniforms(stepping, top, steps, steps),
                                                 token_KB[-1])
             self._spec = _Spec(nxt[0], nxt[1], steps, version,
-                               [(lv, lv.pos + steps, tokens_BK[lv.slot][-1]) for lv in stepping])
+                               [(lv, lv.pos + steps, tokens_BK[lv.slot][-1]) for lv in stepping], batch, length_next)
         for lv in stepping:
             self._take(lv, tokens_BK[lv.slot], logps_BK[lv.slot], steps, version)
         self.phase_s["host"] += (t1 - t0) + (time.perf_counter() - t2)
@@ -715,10 +719,14 @@ class Engine:
                 and longest - 1 + 2 * steps <= length_next and (length_next == length or not self.slots.graphs)
                 and any(len(lv.out) + steps < lv.req.max_new_tokens for lv in stepping))
 
-    def _drain(self) -> None:
+    def _drain(self, chain: bool = False) -> None:
         """Take the speculative call's tokens (``overlap``) for every row that took all of the call before it
         (same position and last token as assumed, still running); the other rows' results are dropped (their
-        cache entries lie past their positions: masked, then overwritten), and they go on from where they are."""
+        cache entries lie past their positions: masked, then overwritten), and they go on from where they are.
+
+        ``chain`` (nothing was admitted this iteration): when every row is still valid and the call after it may
+        start (``_may_speculate``), it is started before the host takes these tokens, so a wave's calls run back to
+        back on the device and the host's look hides behind each of them, not every other one."""
         spec, self._spec = self._spec, None
         if spec is None:
             return
@@ -732,6 +740,17 @@ class Engine:
         self.steps += spec.steps
         self.syncs += 1
         self.overlapped += 1
+        steps = spec.steps
+        if chain and len(valid) == len(spec.rows) == sum(lv.finish is None for lv in self._running.values()):
+            longest = max(lv.pos for lv in valid) + 1
+            length_next = min(-(-(longest + 2 * steps - 1) // self.len_step) * self.len_step, self.slots.length)
+            if self._may_speculate(valid, longest, spec.length, length_next, steps):
+                top = max(lv.slot for lv in valid) + 1
+                nxt = self.slots.decode_sample_next(spec.batch, length_next, steps,
+                                                    self._uniforms(valid, top, steps, steps), spec.tokens[-1])
+                self._spec = _Spec(nxt[0], nxt[1], steps, self._version,
+                                   [(lv, lv.pos + steps, tokens_BK[lv.slot][-1]) for lv in valid],
+                                   spec.batch, length_next)
         for lv in valid:
             self._take(lv, tokens_BK[lv.slot], logps_BK[lv.slot], spec.steps, spec.version)
         self.phase_s["decode"] += t1 - t0

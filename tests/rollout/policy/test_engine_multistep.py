@@ -74,6 +74,12 @@ def test_multi_step_samples_what_one_step_samples(engines: dict[str, Engine], ti
     # a turn of 1 + 4 tokens (the prefill's, then one call): no call is started past its last token
     last = engines["multi_overlap"].generate_sync(EngineRequest(prompt_ids=reqs[0].prompt_ids, max_new_tokens=5, seed=1))
     assert len(last.token_ids) == 5 and engines["multi_overlap"]._spec is None
+    # a turn of 1 + 8 x 4 tokens: every call after the first was started by the one before it (chained), not
+    # every other one; and none is left running past the turn's last token
+    before = engines["multi_overlap"].syncs, engines["multi_overlap"].overlapped
+    long = engines["multi_overlap"].generate_sync(EngineRequest(prompt_ids=reqs[0].prompt_ids, max_new_tokens=33, seed=2))
+    calls = engines["multi_overlap"].syncs - before[0], engines["multi_overlap"].overlapped - before[1]
+    assert len(long.token_ids) == 33 and calls == (8, 7) and engines["multi_overlap"]._spec is None
 
 
 def test_stops_land_mid_chunk(engines: dict[str, Engine], tiny: Any) -> None:
