@@ -175,8 +175,8 @@ def tiny_image(docker_client: docker.DockerClient, base_image: str) -> Iterator[
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_image_lineage_of_200_cycles_is_rebased(backend: DockerBackend, tiny_image: str, docker_client: docker.DockerClient) -> None:
-    cycles = 200
+def test_image_lineage_past_the_rebase_depth_is_rebased(backend: DockerBackend, tiny_image: str, docker_client: docker.DockerClient) -> None:
+    cycles = REBASE_AT + 30  # one rebase, then 30 more layers on the rebased image
     sb = backend.create(SandboxSpec(image=tiny_image, user="1000", tmpfs_mb=0, memory_mb=64, pids=32))
     assert not sb.has_agent  # tiny image: plain exec path, which keeps commits cheap
     layers = []
@@ -192,7 +192,7 @@ def test_image_lineage_of_200_cycles_is_rebased(backend: DockerBackend, tiny_ima
     assert any(later < earlier for earlier, later in zip(layers, layers[1:])), f"never rebased: {layers}"
     names = sb.exec("ls /workspace").stdout.split()
     assert names == [f"f{i:03d}" for i in range(cycles)]
-    assert sb.read_file("f150") == b"150"
+    assert sb.read_file(f"f{REBASE_AT + 10:03d}") == str(REBASE_AT + 10).encode()  # written after the rebase
 
 
 # -- errors --------------------------------------------------------------------------------
