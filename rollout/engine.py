@@ -624,7 +624,7 @@ class Engine:
             self._multi_step(stepping, top, batch, longest, steps)
             return
         t0 = time.perf_counter()
-        length = min(-(-longest // self.len_step) * self.len_step, self.slots.length)
+        length = self._length(longest)
         tokens, pos = [0] * top, [0] * top
         for lv in stepping:
             tokens[lv.slot] = lv.feed.pop(0)
@@ -659,7 +659,7 @@ class Engine:
         as ``_use`` takes a sampled token: a row that stops (or whose budget closes) mid-way keeps the tokens up to
         that point and the rest are dropped (their cache entries lie past its position: masked, then overwritten)."""
         t0 = time.perf_counter()
-        length = min(-(-(longest + steps - 1) // self.len_step) * self.len_step, self.slots.length)
+        length = self._length(longest + steps - 1)
         tokens, pos = [0] * top, [0] * top
         temp, top_p = [0.0] * top, [1.0] * top
         for lv in stepping:
@@ -673,18 +673,30 @@ class Engine:
         self.steps += steps
         self.syncs += 1
         version = self._version
-        length_next = min(-(-(longest + 2 * steps - 1) // self.len_step) * self.len_step, self.slots.length)
-        if self.overlap and self._may_speculate(stepping, longest, length, length_next, steps):
-            # the next ``steps`` steps start on the device now, each row feeding its last sampled token, while the
-            # host takes these; ``_drain`` keeps them for the rows that took all of these and go on
-            nxt = self.slots.decode_sample_next(batch, length_next, steps, self._uniforms(stepping, top, steps, steps),
-                                                token_KB[-1])
-            self._spec = _Spec(nxt[0], nxt[1], steps, version,
-                               [(lv, lv.pos + steps, tokens_BK[lv.slot][-1]) for lv in stepping], batch, length_next)
+        if self.overlap:  # the next call starts on the device while the host takes these tokens
+            self._speculate(stepping, longest, length, steps, batch, token_KB[-1], tokens_BK)
         for lv in stepping:
             self._take(lv, tokens_BK[lv.slot], logps_BK[lv.slot], steps, version)
         self.phase_s["host"] += (t1 - t0) + (time.perf_counter() - t2)
         self.phase_s["decode"] += t2 - t1
+
+    def _length(self, positions: int) -> int:
+        """The cache length a call over ``positions`` positions attends to: aligned to ``len_step``, at most the cache's."""
+        return min(-(-positions // self.len_step) * self.len_step, self.slots.length)
+
+    def _speculate(self, rows: list[_Live], longest: int, length: int, steps: int, batch: int, last_B: torch.Tensor,
+                   tokens_BK: list[list[int]]) -> None:
+        """Start the ``steps`` steps after a call of ``length`` (whose tokens the host has not taken yet) when
+        ``_may_speculate`` allows: each row feeds that call's last sampled token ``last_B`` (on the device) at its
+        position + ``steps``, with its next uniforms; ``_drain`` keeps the results for the rows that took all of
+        that call's tokens and go on."""
+        length_next = self._length(longest + 2 * steps - 1)
+        if not self._may_speculate(rows, longest, length, length_next, steps):
+            return
+        top = max(lv.slot for lv in rows) + 1
+        nxt = self.slots.decode_sample_next(batch, length_next, steps, self._uniforms(rows, top, steps, steps), last_B)
+        self._spec = _Spec(nxt[0], nxt[1], steps, self._version,
+                           [(lv, lv.pos + steps, tokens_BK[lv.slot][-1]) for lv in rows], batch, length_next)
 
     @staticmethod
     def _uniforms(stepping: list[_Live], top: int, steps: int, skip: int) -> list[list[float]]:
@@ -740,17 +752,9 @@ class Engine:
         self.steps += spec.steps
         self.syncs += 1
         self.overlapped += 1
-        steps = spec.steps
         if chain and len(valid) == len(spec.rows) == sum(lv.finish is None for lv in self._running.values()):
-            longest = max(lv.pos for lv in valid) + 1
-            length_next = min(-(-(longest + 2 * steps - 1) // self.len_step) * self.len_step, self.slots.length)
-            if self._may_speculate(valid, longest, spec.length, length_next, steps):
-                top = max(lv.slot for lv in valid) + 1
-                nxt = self.slots.decode_sample_next(spec.batch, length_next, steps,
-                                                    self._uniforms(valid, top, steps, steps), spec.tokens[-1])
-                self._spec = _Spec(nxt[0], nxt[1], steps, self._version,
-                                   [(lv, lv.pos + steps, tokens_BK[lv.slot][-1]) for lv in valid],
-                                   spec.batch, length_next)
+            self._speculate(valid, max(lv.pos for lv in valid) + 1, spec.length, spec.steps, spec.batch, spec.tokens[-1],
+                            tokens_BK)
         for lv in valid:
             self._take(lv, tokens_BK[lv.slot], logps_BK[lv.slot], spec.steps, spec.version)
         self.phase_s["decode"] += t1 - t0
