@@ -245,11 +245,11 @@ def rollout(cfg: Qwen2Config, args: argparse.Namespace, device: torch.device, dt
             one_step.update(own_reads_seconds=seconds_o,
                             own_reads_new_tokens_per_s=sum(len(o.token_ids) for o in outs_o) / seconds_o)
             del outs_o
-    if args.overlap:  # the engine starting each multi-step call before the host took the last one's tokens
-        outs_v, seconds_v, _ = timed_engine("overlap", overlap=True, **options,
+    if args.serial:  # the engine starting each multi-step call only after the host took the last one's tokens
+        outs_v, seconds_v, _ = timed_engine("serial", overlap=False, **options,
                                             **({"share_prompts": True} if args.group > 1 else {}))
-        one_step.update(overlap_seconds=seconds_v,
-                        overlap_new_tokens_per_s=sum(len(o.token_ids) for o in outs_v) / seconds_v)
+        one_step.update(serial_seconds=seconds_v,
+                        serial_new_tokens_per_s=sum(len(o.token_ids) for o in outs_v) / seconds_v)
         del outs_v
     if args.engine_1step:  # the engine as it was before multi-step decode, fused kernels, split-K attention
         outs_1, seconds_1, _ = timed_engine("engine_1step", decode_steps=1, fuse=False, attention="sdpa")
@@ -493,9 +493,9 @@ def run(args: argparse.Namespace, clock: Clock = time.perf_counter,
                         "rl_rollout_share_1step": one / (one + learn["rl"]["step_s"])}
     else:
         shares_1step = {}
-    # the same iteration with another engine's rollout: every prompt computed, Engine(overlap=True), each copy
+    # the same iteration with another engine's rollout: every prompt computed, Engine(overlap=False), each copy
     # reading its prompt from its own slot
-    for tag in ("unshared", "overlap", "own_reads"):
+    for tag in ("unshared", "serial", "own_reads"):
         if f"{tag}_seconds" in roll:
             other = roll[f"{tag}_seconds"]
             shares_1step.update({f"rollout_share_{tag}": other / (total - roll["seconds"] + other),
@@ -587,7 +587,7 @@ def tables(r: dict[str, Any]) -> list[Any]:
         t3.add_row(f"rollout share with the engine one step a look, unfused, SDPA ({roll['engine_1step_new_tokens_per_s']:,.0f} "
                    "tok/s)", "", f"{100 * it['rollout_share_1step']:.1f}%", f"{100 * it['rl_rollout_share_1step']:.1f}%")
     for tag, what in (("unshared", "every prompt computed, no shared prefill"),
-                      ("overlap", "each call started before the host took the last (overlap)"),
+                      ("serial", "each call started after the host took the last (no overlap)"),
                       ("own_reads", "each copy reading its prompt from its own slot")):
         if f"rollout_share_{tag}" in it:
             t3.add_row(f"rollout share with {what} ({roll[f'{tag}_new_tokens_per_s']:,.0f} tok/s)", "",
@@ -637,8 +637,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "times the rollout with the engine's shared prefill off and, on CUDA, with each copy reading "
                         "its prompt from its own slot (shared_reads=False), same run")
     p.add_argument("--warm-waves", type=int, default=2, help="untimed rollout waves before the timed one (default 2)")
-    p.add_argument("--overlap", action="store_true",
-                   help="also time the rollout with Engine(overlap=True) (calls started ahead of the host), same run")
+    p.add_argument("--serial", action="store_true",
+                   help="also time the rollout with Engine(overlap=False) (no call started ahead of the host), same run")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     if args.tiny:

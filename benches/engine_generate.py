@@ -23,8 +23,8 @@ Three contenders on the same model and the same random prompts, in one run:
 - ``engine_own_reads`` (``--group G`` > 1 with the split-K attention): the engine with its shared prefill but each
   copy's decode steps reading the prompt from its own slot (``shared_reads=False``), same run: what reading a
   group's prompt from one slot saves.
-- ``engine_overlap`` (``--overlap``): the same engine starting each multi-step call before the host took the last
-  one's tokens (``Engine(overlap=True)``), same run.
+- ``engine_serial`` (``--serial``): the same engine without overlap, each multi-step call started only after the
+  host took the last one's tokens (``Engine(overlap=False)``; the engine overlaps them by default on CUDA), same run.
 - ``engine_1step`` (``--compare``): the same engine one decode step per host look, without the fused
   kernels, with SDPA attention and the torch sampler (``decode_steps=1, fuse=False, attention="sdpa",
   sampler="torch"``: the engine as it was before multi-step decoding), same run.
@@ -275,8 +275,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "prefill off (engine_unshared), same run")
     ap.add_argument("--warm-waves", type=int, default=2, help="untimed waves before the timed one (default 2)")
     ap.add_argument("--compare", action="store_true", help="also the engine one step at a time, unfused (engine_1step)")
-    ap.add_argument("--overlap", action="store_true",
-                    help="also the engine with Engine(overlap=True) (engine_overlap), same run")
+    ap.add_argument("--serial", action="store_true",
+                    help="also the engine with Engine(overlap=False) (engine_serial), same run")
     ap.add_argument("--parts", action="store_true", help="CUDA: time the pieces of a step (see the module docstring)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
     ap.add_argument("--hbm-tbs", type=float, default=4.8)
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unshared = contender(share_prompts=False, name="engine-unshared") if args.group > 1 else None
     own_reads = (contender(shared_reads=False, name="engine-own-reads")
                  if args.group > 1 and engine.slots.shared_reads else None)
-    overlapped = contender(overlap=True, name="engine-overlap") if args.overlap else None
+    serial = contender(overlap=False, name="engine-serial") if args.serial else None
     old = None
     if args.compare:
         old = Engine(model, max_slots=max(args.concurrency), max_len=hi + new, decode_steps=1, fuse=False, attention="sdpa",
@@ -348,8 +348,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row["engine_unshared"] = run_engine(unshared, ps, new, device, args.warm_waves)
         if own_reads is not None:
             row["engine_own_reads"] = run_engine(own_reads, ps, new, device, args.warm_waves)
-        if overlapped is not None:
-            row["engine_overlap"] = run_engine(overlapped, ps, new, device, args.warm_waves)
+        if serial is not None:
+            row["engine_serial"] = run_engine(serial, ps, new, device, args.warm_waves)
         row["engine"] = run_engine(engine, ps, new, device, args.warm_waves)
         if h200:
             row["roofline_tokens_per_s"] = roofline(cfg, ps, new, 2, args.hbm_tbs)
@@ -359,10 +359,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         console.print(f"[dim]{json.dumps(row)}[/dim]")
     sync = weight_sync(engine, model, device)
     engine.close()
-    for other in (old, unshared, own_reads, overlapped):
+    for other in (old, unshared, own_reads, serial):
         if other is not None:
             other.close()
-    del old, unshared, own_reads, overlapped
+    del old, unshared, own_reads, serial
     parts: dict[Any, Any] | None = None
     if args.parts and device.type == "cuda":
         gc.collect()
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "shared", "admissions", "captures / compiles", "wall / engine's"):
         phase_table.add_column(col, justify="right")
     for row in rows:
-        for name in ("engine_1step", "engine_unshared", "engine_own_reads", "engine_overlap", "engine"):
+        for name in ("engine_1step", "engine_unshared", "engine_own_reads", "engine_serial", "engine"):
             if name in row:
                 r, ph = row[name], row[name]["phases_s"]
                 phase_table.add_row(str(row["concurrency"]), name, f"{r['seconds']:.3f}",

@@ -186,8 +186,8 @@ class Engine:
     ``shared_reads``: with the split-K kernels, the copies of a shared prompt read it from the slot it was copied
     from (``SlotModel``; None = on with those kernels). ``overlap``: with ``decode_steps`` > 1, the next multi-step
     call starts on the device, each row feeding its last sampled token, before the host takes the current call's
-    tokens, and is kept for the rows that went on (``_drain``): the host's work hides behind the device's (off by
-    default: not yet measured on a GPU).
+    tokens, and is kept for the rows that went on (``_drain``): the host's work hides behind the device's (None = on
+    with CUDA graphs and ``decode_steps`` > 1; on CPU the host's work is not what a step waits on).
     """
 
     def __init__(
@@ -213,7 +213,7 @@ class Engine:
         merge_in_split: bool = False,
         share_prompts: bool | None = None,
         shared_reads: bool | None = None,
-        overlap: bool = False,
+        overlap: bool | None = None,
     ) -> None:
         if not supports(model):
             raise EngineRequestError(f"{name}: model_type {getattr(model.config, 'model_type', None)!r} is not supported")
@@ -246,7 +246,7 @@ class Engine:
         if not 1 <= steps <= MAX_STEPS:
             raise EngineRequestError(f"{name}: decode_steps must be in [1, {MAX_STEPS}], got {steps}")
         self.decode_steps = int(steps)
-        self.overlap = bool(overlap)
+        self.overlap = (graphs and steps > 1) if overlap is None else bool(overlap)
         self._spec: _Spec | None = None  # the call started ahead of the host (``overlap``)
         self._version = int(version)
         self._cond = threading.Condition()

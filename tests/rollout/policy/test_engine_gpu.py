@@ -30,12 +30,14 @@ def test_graph_decode_matches_eager_and_a_full_forward() -> None:
     eager = Engine(model, tok, admission_window_s=0.05, cuda_graphs=False)
     try:
         assert graphed.slots.graphs and not eager.slots.graphs
+        assert graphed.overlap and not eager.overlap  # overlap: on by default with graphs and multi-step calls
         together = [f.result(120) for f in [graphed.submit(r) for r in reqs]]
         alone = [eager.generate_sync(r, 120) for r in reqs]
         for a, b, r in zip(together, alone, reqs, strict=True):
             assert a.token_ids == b.token_ids and len(a.token_ids) == r.max_new_tokens
             worst = max(abs(x - y) for x, y in zip(a.logprobs, _recompute(model, list(r.prompt_ids), a.token_ids, 0.8)))
             assert worst < 1e-4, worst
+        assert graphed.overlapped > 0  # calls started ahead of the host were kept
         other, _ = tiny_model(seed=3, tokenizer=tok)
         graphed.update_weights(other.to("cuda").state_dict(), version=2)  # copy_ in place: the graphs stay valid
         out = graphed.generate_sync(reqs[0], 120)

@@ -36,6 +36,7 @@ def engines(tiny: Any) -> Iterator[dict[str, Engine]]:
                                fuse=True, pack=True),
     }
     assert made["one"].decode_steps == 1 and not made["one"].slots.fuse  # the CPU default: one step, the modules
+    assert not made["multi"].overlap  # overlap's default is on with CUDA graphs only
     assert made["multi_fused"].slots.fuse and not made["multi_fused"].slots.pack  # packing is CUDA's default only
     assert made["multi_packed"].slots.pack
     yield made
