@@ -32,7 +32,12 @@ and every token of ``s`` gets ``A(s)``. Departures from the papers:
   a shared token (exactly at the first update of an iteration, where the
   ratio is 1, for token-mean aggregation), so branching then changes which
   episodes are sampled, not how a leaf is scored. At 1 a leaf's own tokens
-  get the global and the sibling term, about twice plain GRPO's scale.
+  get the global and the sibling term, about twice plain GRPO's scale;
+- ``tree_global`` weights the global term of a segment below a branch point
+  (1 by default). At 0, with ``tree_local`` 1, such a segment is scored
+  against its siblings only (the quality of the prefix it shares taken out
+  of its advantage), while a segment hanging off the trunk (a root's shared
+  turns) keeps the global term alone.
 
 Prefix-shared packing (``pack_shared``): each group's trie goes into one row,
 every segment once, parents first; ``tree_attention_mask`` lets a token see
@@ -119,9 +124,10 @@ def tree_advantages(
     for i, s in enumerate(segments):
         global_term = (value_S[i] - mu) / scale
         local_term = 0.0
-        if s.parent >= 0 and not trunk_S[s.parent]:
+        if s.parent >= 0 and not trunk_S[s.parent]:  # below a branch point
             sib = children[s.parent]
             local_term = cfg.tree_local * (value_S[i] - sum(value_S[c] for c in sib) / len(sib)) / scale
+            global_term *= cfg.tree_global
         adv_S.append(global_term + local_term)
     return adv_S
 

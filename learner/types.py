@@ -267,6 +267,10 @@ class AdvantageConfig(BaseModel):
     tree_local: float = Field(default=1.0, ge=0.0, description="the weight of a segment's local term (against its "
                               "siblings) in the tree advantage; 0 leaves the global term alone, which trains every "
                               "leaf as plain GRPO would")
+    tree_global: float = Field(default=1.0, ge=0.0, description="the weight of the global term (against the whole "
+                               "tree) for a segment below a branch point (its parent not the trunk); 0 with "
+                               "tree_local 1 scores such a segment against its siblings only, while a root's shared "
+                               "segment keeps the whole tree as its baseline")
 
     @model_validator(mode="after")
     def _check(self) -> AdvantageConfig:

@@ -69,6 +69,22 @@ def test_tree_local_weights_the_sibling_term() -> None:
         ]
 
 
+def test_tree_global_weights_the_whole_tree_term_below_a_branch_only() -> None:
+    # the hand case at tree_global 0: A and B hang off the trunk and keep their global term (+-0.25); the leaves
+    # get r - mean(siblings) alone: a 0, b1 0.5, b2 -0.5. At 0.5: half of r - mu on top (a 0.125, b1 0.625, b2 -0.875)
+    for weight, a, b1, b2 in ((0.0, 0.0, 0.5, -0.5), (0.5, 0.125, 0.625, -0.875)):
+        items = tree_items([_hand_tree()], AdvantageConfig(estimator=AdvantageEstimator.DR_GRPO, tree_global=weight))
+        assert [it.advantage for it in items] == [
+            (0.0, 0.0, 0.25, 0.25, a), (0.0, 0.0, 0.25, 0.25, a),
+            (0.0, 0.0, -0.25, -0.25, b1), (0.0, 0.0, -0.25, -0.25, b2),
+        ]
+    # a group without branching: every response hangs off the trunk, so tree_global changes nothing (GRPO)
+    group = [_traj(f"e{i}", [5, 6, 100 + i], [0, 0, 1], r) for i, r in enumerate([1.0, 0.0, 0.0])]
+    at0 = tree_items([group], AdvantageConfig(tree_global=0.0))
+    assert [it.advantage for it in at0] == [it.advantage for it in tree_items([group], AdvantageConfig())]
+    assert at0[0].advantage[-1] > 0 > at0[1].advantage[-1]
+
+
 def test_a_group_without_branching_is_grpo() -> None:
     rng = random.Random(0)
     rewards = [1.0, 0.0, 0.0, 1.0, 0.5]
