@@ -34,8 +34,9 @@ def test_tiny_run_on_cpu_derives_every_number_from_the_measured_durations(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "bench.json"
-    # --group 2: the samples come two to a prompt, and the rollout is timed with the shared prefill off as well
-    assert main(["--tiny", "--device", "cpu", "--group", "2", "--json", str(out)], clock=squares) == 0
+    # --group 2: the samples come two to a prompt, and the rollout is timed with the shared prefill off as well;
+    # --serial: and with overlap off (the CPU default already), its share beside the others'
+    assert main(["--tiny", "--device", "cpu", "--group", "2", "--serial", "--json", str(out)], clock=squares) == 0
     r = json.loads(out.read_text())
     peak = r["peak_tflops"] * 1e12
     assert r["shape"] == "tiny" and r["device"] == "cpu" and r["peak_tflops"] == H200_BF16_TFLOPS
@@ -43,7 +44,8 @@ def test_tiny_run_on_cpu_derives_every_number_from_the_measured_durations(
     assert w["cells"] == list(CELLS) and w["sequences"] == 9 * w["per_cell"]
     assert w["scored_tokens"] == w["sequences"] * w["response_len"]
     assert w["group"] == 2 and w["lengths"][0::2] == w["lengths"][1::2]  # pairs share a prompt (no stops: equal lengths)
-    for label, shared in (("engine", 9), ("unshared", 0)):  # the timed wave: every sample admitted once, 9 copies
+    assert 0 < r["iteration"]["rl_rollout_share_serial"] < 1
+    for label, shared in (("engine", 9), ("unshared", 0), ("serial", 9)):  # the timed wave: every sample once, 9 copies
         paid = r["rollout"]["timed_wave"][label]
         assert sum(paid["admissions"]) == w["sequences"] and paid["shared_prefills"] == shared and paid["captures"] == 0
 

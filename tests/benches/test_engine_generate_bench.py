@@ -24,11 +24,11 @@ def test_engine_generate_bench_runs_on_cpu(tmp_path: Path) -> None:
 
 def test_engine_generate_bench_with_groups_shares_each_prompt(tmp_path: Path) -> None:
     """``--group 4``: 8 turns on 2 prompts; the engine copies 6 of them, the unshared engine computes all 8."""
-    result = main(["--concurrency", "8", "--new", "4", "--group", "4", "--skip", "episode", "generate",
+    result = main(["--concurrency", "8", "--new", "4", "--group", "4", "--skip", "episode", "generate", "--serial",
                    "--json", str(tmp_path / "bench.json")])
     row = result["rows"][0]
     assert row["engine"]["shared_prefills"] == 6 and row["engine_unshared"]["shared_prefills"] == 0
-    assert row["engine"]["tokens"] == row["engine_unshared"]["tokens"] == 8 * 4
+    assert row["engine"]["tokens"] == row["engine_unshared"]["tokens"] == row["engine_serial"]["tokens"] == 8 * 4
     assert result["group"] == 4
     for name in ("engine", "engine_unshared"):  # the timed wave's admissions hold every turn once; CPU: no graphs
         assert sum(row[name]["admissions"]) == 8 and row[name]["captures"] == 0
